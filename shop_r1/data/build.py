@@ -1,0 +1,75 @@
+"""`shop-r1 data build`: sessions -> held-out split -> SFT conversations + RL examples, written as JSONL.
+
+The split is by session (no step of a test session is ever trained on). Balancing (section 4.1) applies to the
+training RL examples only; the test set keeps its natural action mix, as the paper's Table A1 test split does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from shop_r1.config import DataConfig
+from shop_r1.data.examples import (balance_rl_examples, build_rl_examples, build_sft_examples, chat_token_counter,
+                                   write_examples_jsonl)
+from shop_r1.data.sessions import load_sessions, split_sessions
+from shop_r1.data.stats import RLExampleStats, SessionStats, rl_example_stats, session_stats
+
+
+@dataclass(frozen=True)
+class BuiltDatasets:
+    out_dir: str
+    sft_train_path: str
+    rl_train_path: str
+    rl_test_path: str
+    num_bad_lines: int
+    train_sessions: SessionStats
+    test_sessions: SessionStats
+    num_sft_train: int
+    rl_train: RLExampleStats
+    rl_test: RLExampleStats
+
+    def render(self) -> str:
+        lines = [self.train_sessions.render("train sessions"), self.test_sessions.render("test sessions"),
+                 f"SFT conversations (train): {self.num_sft_train}",
+                 self.rl_train.render("RL examples (train)"),
+                 self.rl_test.render("RL examples (test)"),
+                 f"written to {self.out_dir}"]
+        if self.num_bad_lines:
+            lines.insert(0, f"skipped {self.num_bad_lines} malformed session lines (data.skip_bad_lines=true)")
+        return "\n".join(lines)
+
+
+def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: str | Path, cfg: DataConfig,
+                   seed: int = 0) -> BuiltDatasets:
+    """Load + validate sessions, split, build and write `sft_train.jsonl`, `rl_train.jsonl`, `rl_test.jsonl`."""
+    from transformers import AutoTokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = load_sessions(sessions_path, skip_bad_lines=cfg.skip_bad_lines)
+    split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
+    count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
+
+    sft_train = build_sft_examples(split.train)
+    rl_train = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens)
+    if cfg.balance:
+        rl_train = balance_rl_examples(rl_train, ratio=cfg.balance_ratio, seed=seed)
+    rl_test = build_rl_examples(split.test, cfg.context, cfg.max_prompt_tokens, count_tokens)
+
+    paths = {name: out / f"{name}.jsonl" for name in ("sft_train", "rl_train", "rl_test")}
+    write_examples_jsonl(sft_train, paths["sft_train"])
+    write_examples_jsonl(rl_train, paths["rl_train"])
+    write_examples_jsonl(rl_test, paths["rl_test"])
+
+    built = BuiltDatasets(
+        out_dir=str(out), sft_train_path=str(paths["sft_train"]), rl_train_path=str(paths["rl_train"]),
+        rl_test_path=str(paths["rl_test"]), num_bad_lines=loaded.num_bad_lines,
+        train_sessions=session_stats(split.train), test_sessions=session_stats(split.test),
+        num_sft_train=len(sft_train),
+        rl_train=rl_example_stats(rl_train, [count_tokens(e.prompt) for e in rl_train]),
+        rl_test=rl_example_stats(rl_test, [count_tokens(e.prompt) for e in rl_test]),
+    )
+    (out / "stats.json").write_text(json.dumps(asdict(built), indent=2))
+    return built

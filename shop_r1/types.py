@@ -1,0 +1,167 @@
+"""Typed records passed between pipeline stages.
+
+Every stage takes records and returns records; nothing downstream reads a loose dict. Field names follow the
+paper (Table 1, Eq. 1): an `Action` has a `type` and, depending on it, a `name` and a `text`; a `Step` pairs the
+page `observation` with the `action` and its optional `rationale`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+ActionType = Literal["click", "type_and_submit", "terminate"]
+ACTION_TYPES: tuple[str, ...] = get_args(ActionType)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One user action. `name` is empty for terminate; `text` is only meaningful for type_and_submit."""
+
+    type: ActionType
+    name: str = ""
+    text: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        """The JSON form of Appendix B: only the fields the action type has."""
+        if self.type == "click":
+            return {"type": "click", "name": self.name}
+        if self.type == "type_and_submit":
+            return {"type": "type_and_submit", "name": self.name, "text": self.text}
+        return {"type": "terminate"}
+
+    @staticmethod
+    def from_dict(d: Any, where: str = "action") -> "Action":
+        """Validate and build; raises ValueError naming `where` and the offending field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+        kind = d.get("type")
+        if kind not in ACTION_TYPES:
+            raise ValueError(f"{where}.type: expected one of {ACTION_TYPES}, got {kind!r}")
+        required = {"click": ("name",), "type_and_submit": ("name", "text"), "terminate": ()}[kind]
+        for key in required:
+            if not isinstance(d.get(key), str):
+                raise ValueError(f"{where}.{key}: a {kind} action needs a string {key!r}")
+        return Action(type=kind, name=d.get("name", "") if kind != "terminate" else "",
+                      text=d.get("text", "") if kind == "type_and_submit" else "")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a session: the page the user saw, what they did on it, and (optionally) why."""
+
+    observation: str
+    action: Action
+    rationale: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"observation": self.observation, "action": self.action.to_dict()}
+        if self.rationale is not None:
+            out["rationale"] = self.rationale
+        return out
+
+
+@dataclass(frozen=True)
+class Session:
+    """A whole shopping session: ordered steps, the first on the home page."""
+
+    session_id: str
+    steps: tuple[Step, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "steps": [s.to_dict() for s in self.steps]}
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn, as chat templates expect it."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """A whole session as one conversation; loss goes on the assistant turns (rationale + action JSON)."""
+
+    session_id: str
+    messages: tuple[Message, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "messages": [m.to_dict() for m in self.messages]}
+
+
+@dataclass(frozen=True)
+class RLExample:
+    """One prediction step: the context up to and including the current page, and the next action.
+
+    `prompt` ends with the user turn holding the current page; `target` is the action the real user took.
+    `num_dropped_pages` counts earlier pages whose HTML was removed to fit `max_prompt_tokens`.
+    """
+
+    example_id: str
+    session_id: str
+    step_index: int
+    prompt: tuple[Message, ...]
+    target: Action
+    target_rationale: str | None = None
+    num_dropped_pages: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "example_id": self.example_id, "session_id": self.session_id, "step_index": self.step_index,
+            "prompt": [m.to_dict() for m in self.prompt], "target": self.target.to_dict(),
+            "target_rationale": self.target_rationale, "num_dropped_pages": self.num_dropped_pages,
+        }
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Per-token log-probabilities of one sampled response, as a rollout engine returns them.
+
+    token_offsets[j] is the character offset in the response text where token j starts (token j ends where
+    token j+1 starts; the last ends at len(text)). topk_logprobs[j] holds the logprobs of *distinct* vocabulary
+    entries at position j (the top-k, the sampled token merged in without duplicates).
+    """
+
+    token_offsets: tuple[int, ...]
+    topk_logprobs: tuple[tuple[float, ...], ...]
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """Every term of the hybrid reward (Table 1 + Eq. 4), and their weighted total.
+
+    `self_certainty` is the raw s(r); `total` = format + action_type + attribute + value + alpha * self_certainty.
+    `format_valid` says whether the response parsed; `error` names a scorer failure (the documented fallback: all 0).
+    """
+
+    format: float = 0.0
+    action_type: float = 0.0
+    attribute: float = 0.0
+    value: float = 0.0
+    self_certainty: float = 0.0
+    total: float = 0.0
+    format_valid: bool = False
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, float]:
+        return {"format": self.format, "action_type": self.action_type, "attribute": self.attribute,
+                "value": self.value, "self_certainty": self.self_certainty, "total": self.total}
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """A format-valid model response: its rationale, its action and where the rationale's characters lie.
+
+    rationale_span = (start, end) character offsets in the original response text of the rationale string's
+    JSON literal *content* (between the quotes), used to find the rationale's tokens.
+    """
+
+    rationale: str
+    action: Action
+    rationale_span: tuple[int, int] = field(default=(0, 0))

@@ -1,0 +1,26 @@
+"""The pure layer must not pull in the distributed stack: it runs in reward actors, CI and notebooks alike."""
+
+import subprocess
+import sys
+
+HEAVY = ("ray", "vllm", "deepspeed")
+
+
+def test_pure_modules_import_none_of_ray_vllm_deepspeed():
+    code = (
+        "import sys\n"
+        "import shop_r1.config, shop_r1.types, shop_r1.data, shop_r1.reward, shop_r1.metrics\n"
+        "import shop_r1.data.sessions, shop_r1.data.synth, shop_r1.data.examples, shop_r1.data.prompts\n"
+        "import shop_r1.reward.scorer, shop_r1.reward.io\n"
+        f"loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "print(','.join(loaded))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"pure modules imported {out.stdout.strip()}"
+
+
+def test_the_check_itself_sees_a_heavy_import():
+    # Guards the test above against passing vacuously (e.g. a wrong module name in the check).
+    code = "import sys, ray; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
