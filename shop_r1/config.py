@@ -31,8 +31,6 @@ class SelfCertaintyConfig:
     normalize_by_vocab: bool = False
     """Eq. 3 literally divides by |V|, which shrinks alpha*s below 4e-7 for real vocabularies (a no-op term).
     Off by default: s(r) is the mean per-token KL in nats."""
-    top_k: int = 20
-    """How many logprobs per position the rollout engine returns for the estimate."""
 
 
 @dataclass
@@ -91,6 +89,40 @@ class RolloutConfig:
     max_new_tokens: int = 256
     group_size: int = 8
     """GRPO group size: samples per prompt."""
+    top_k_logprobs: int = 20
+    """Logprobs returned per position; the self-certainty estimate reads them (reward.self_certainty)."""
+    num_engines: int = 1
+    """vLLM engines, each in its own Ray actor; a batch of prompts is split between them."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (GPU only; on CPU each engine is one process)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: float32 on CPU (bf16 is ~15x slower there), bfloat16 on CUDA."""
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gib: float = 2.0
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    enable_prefix_caching: bool = True
+    """The G samples of one prompt share its long page context."""
+    num_cpus_per_engine: float = 1.0
+    num_gpus_per_engine: float = 0.0
+    """Set by the GPU configs (= tensor_parallel_size); 0 on CPU."""
+
+
+@dataclass
+class LearnerConfig:
+    num_ranks: int = 1
+    """DeepSpeed data-parallel ranks, one Ray actor each (gloo on CPU, NCCL on GPU)."""
+    zero_stage: int = 2
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: float32 on CPU, bfloat16 on CUDA."""
+    max_tokens_per_micro_batch: int = 8192
+    """Micro-batches are packed up to this many tokens (padding included); one longer sequence is its own."""
+    gradient_checkpointing: bool = False
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    offload_optimizer: bool = False
+    """ZeRO CPU offload of optimizer states (GPU memory saver)."""
+    num_cpus_per_rank: float = 1.0
+    num_gpus_per_rank: float = 0.0
 
 
 @dataclass
@@ -98,6 +130,39 @@ class SFTConfig:
     epochs: int = 4
     lr: float = 2e-5
     global_batch_size: int = 64
+    """Conversations per optimizer step (split across ranks and micro-batches)."""
+    max_seq_len: int = 32768
+    """Token budget of one SFT conversation; longer ones lose their oldest turns (see learner/sft_data.py)."""
+    warmup_ratio: float = 0.0
+
+
+@dataclass
+class EvalConfig:
+    temperature: float = 0.0
+    """0 is greedy decoding (the default for reported tables); the paper's sampling temperature is 0.6."""
+    max_new_tokens: int = 256
+    max_examples: int = 0
+    """Evaluate at most this many held-out examples (0: all)."""
+
+
+@dataclass
+class RewardPoolConfig:
+    num_workers: int = 2
+    """Reward actors, separate from the engines."""
+    timeout_s: float = 30.0
+    """A chunk not scored in this time is re-scored one response at a time; a response that hangs again gets the
+    documented fallback (reward 0, counted in `reward/num_failed`)."""
+    num_cpus_per_worker: float = 0.5
+
+
+@dataclass
+class RayConfig:
+    address: str = ""
+    """Empty: start a local Ray cluster for this command. 'auto' or ray://...: attach (e.g. under `ray job submit`)."""
+    num_cpus: int = 0
+    """CPUs for a local cluster (0: all of this machine's)."""
+    local_mode: bool = False
+    """Run every worker in this process, no Ray at all (unit tests, debugging); same typed methods."""
 
 
 @dataclass
@@ -120,7 +185,11 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    reward_pool: RewardPoolConfig = field(default_factory=RewardPoolConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     rl: RLConfig = field(default_factory=RLConfig)
 
 

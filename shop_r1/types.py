@@ -165,3 +165,50 @@ class ParsedResponse:
     rationale: str
     action: Action
     rationale_span: tuple[int, int] = field(default=(0, 0))
+
+
+# ---------------------------------------------------------------------------------------------- rollout records
+# Shape letters: P prompts, G samples per prompt (group size), B = P * G, T tokens.
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How an engine samples: `n` completions per prompt; temperature 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 0.6
+    max_new_tokens: int = 256
+    top_k_logprobs: int = 20
+    """Logprobs of the k most likely tokens at every position (0: only the sampled token's)."""
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response and the engine's view of it, token by token.
+
+    logprobs[j] is the logprob of the sampled token j under the temperature-1 distribution of the weights that
+    produced it (`policy_version`); topk_logprobs[j] holds distinct tokens' logprobs (the top-k plus the sampled
+    token when it is not among them); token_offsets[j] is where token j's text starts in `text`.
+    """
+
+    token_ids: tuple[int, ...]  # [T]
+    text: str
+    logprobs: tuple[float, ...]  # [T]
+    topk_logprobs: tuple[tuple[float, ...], ...]  # [T][<=k+1]
+    token_offsets: tuple[int, ...]  # [T]
+    finish_reason: str
+    policy_version: int
+
+    def token_logprobs(self, vocab_size: int) -> TokenLogprobs:
+        return TokenLogprobs(self.token_offsets, self.topk_logprobs, vocab_size)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The G completions of one prompt, in the order of the request's prompts (`prompt_index`)."""
+
+    prompt_index: int
+    prompt_token_ids: tuple[int, ...]
+    completions: tuple[Completion, ...]  # [G]
+    vocab_size: int

@@ -20,12 +20,12 @@ def test_defaults_are_the_papers():
 
 def test_yaml_then_dotted_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("reward:\n  dars_factor: 10\n  self_certainty:\n    top_k: 5\nrl:\n  steps: 3\n")
+    path.write_text("reward:\n  dars_factor: 10\n  self_certainty:\n    direction: u_to_p\nrl:\n  steps: 3\n")
     cfg = load_config(path, ["reward.dars_factor=1", "data.context=latest_step", "reward.format_reward=false",
                              "rl.lr=1e-6"])
     assert cfg.reward.dars_factor == 1.0  # the override wins over the file
     assert isinstance(cfg.reward.dars_factor, float)  # an int literal is accepted for a float field
-    assert cfg.reward.self_certainty.top_k == 5
+    assert cfg.reward.self_certainty.direction == "u_to_p"
     assert cfg.rl.steps == 3 and cfg.rl.lr == 1e-6
     assert cfg.data.context == "latest_step" and cfg.reward.format_reward is False
 
