@@ -76,6 +76,51 @@ def cmd_eval_metrics(args: argparse.Namespace) -> None:
         print(format_metrics_table(metrics, title=str(args.input)))
 
 
+def cmd_eval_run(args: argparse.Namespace) -> None:
+    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.evaluate import evaluate
+
+    cfg = _config(args)
+    model = args.model or cfg.model.path
+    if not model:
+        raise SystemExit("eval run: give --model DIR or model.path=DIR")
+    runtime = start_ray(cfg.ray)
+    try:
+        report = evaluate(cfg, model, args.examples, args.out_dir, args.label or Path(model).name, runtime.local_mode)
+    finally:
+        runtime.shutdown()
+    print((Path(args.out_dir) / "metrics.txt").read_text())
+    print(f"predictions: {report.predictions_path}\nmetrics: {report.metrics_path}")
+
+
+def cmd_sft(args: argparse.Namespace) -> None:
+    from shop_r1.config import save_config
+    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.sft import run_sft
+
+    cfg = _config(args)
+    model = args.model or cfg.model.path
+    if not model:
+        raise SystemExit("sft: give --model DIR or model.path=DIR")
+    save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+    runtime = start_ray(cfg.ray)
+    try:
+        result = run_sft(cfg, model, args.examples, args.out_dir, runtime.local_mode)
+    finally:
+        runtime.shutdown()
+    print(f"SFT: loss {result.first_loss:.4f} -> {result.last_loss:.4f} in {result.num_steps} steps; "
+          f"model {result.hf_dir}; checkpoint {result.checkpoint_dir}")
+
+
+def cmd_data_rationales(args: argparse.Namespace) -> None:
+    from shop_r1.data.rationales import synthesize_rationales
+
+    stats = synthesize_rationales(args.sessions, args.out, endpoint=args.endpoint, model=args.model,
+                                  api_key_env=args.api_key_env, concurrency=args.concurrency,
+                                  max_retries=args.max_retries, timeout_s=args.timeout_s, overwrite=args.overwrite)
+    print(stats)
+
+
 def cmd_model_tiny(args: argparse.Namespace) -> None:
     from shop_r1.models.tiny import build_tiny_model
 
@@ -104,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shop-r1", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("pipeline", help="the main job: models -> data -> examples (grows with each stage)")
+    p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval, one table")
     _add_config_args(p)
     p.set_defaults(func=cmd_pipeline)
 
@@ -125,6 +170,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_data_build)
 
+    p = data.add_parser("rationales", help="fill missing rationales with an OpenAI-compatible endpoint (App. D)")
+    p.add_argument("--sessions", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="model name the endpoint serves")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-retries", type=int, default=4)
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a half-done output")
+    p.set_defaults(func=cmd_data_rationales)
+
+    p = sub.add_parser("sft", help="SFT cold start with the DeepSpeed learner group")
+    p.add_argument("--model", default="", help="base model folder (default: model.path)")
+    p.add_argument("--examples", required=True, type=Path, help="sft_train.jsonl from `data build`")
+    p.add_argument("--out-dir", required=True, type=Path)
+    _add_config_args(p)
+    p.set_defaults(func=cmd_sft)
+
     reward = sub.add_parser("reward", help="the hybrid reward").add_subparsers(dest="reward_command", required=True)
     p = reward.add_parser("score", help="score responses in a JSONL file")
     p.add_argument("--input", required=True, type=Path)
@@ -133,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_reward_score)
 
     ev = sub.add_parser("eval", help="evaluation").add_subparsers(dest="eval_command", required=True)
+    p = ev.add_parser("run", help="generate on held-out RL examples and report Tables 2-3 metrics")
+    p.add_argument("--model", default="", help="model folder (default: model.path)")
+    p.add_argument("--examples", required=True, type=Path, help="rl_test.jsonl from `data build`")
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--label", default="", help="row name in tables (default: the model folder's name)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_eval_run)
     p = ev.add_parser("metrics", help="exact match / type accuracy / macro-F1 of a predictions file")
     p.add_argument("--input", required=True, type=Path)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -177,6 +177,15 @@ class RLConfig:
 
 
 @dataclass
+class LoggingConfig:
+    wandb: bool = True
+    """Log to wandb too (offline files in the run folder unless WANDB_MODE=online)."""
+    wandb_project: str = "shop-r1"
+    console_every: int = 1
+    """Print a progress line every this many steps."""
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/default"
     """Where every artefact of a run goes (resolved config, data, models, metrics)."""
@@ -190,6 +199,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     reward_pool: RewardPoolConfig = field(default_factory=RewardPoolConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     rl: RLConfig = field(default_factory=RLConfig)
 
 

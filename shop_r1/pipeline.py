@@ -1,12 +1,15 @@
-"""The main job, `shop-r1 pipeline`: every stage that exists, in order, on the configured (default: embedded) setup.
+"""The main job, `shop-r1 pipeline`: the whole method on the configured setup, stage by stage.
 
-Stages so far: models (the embedded SmolLM2-135M-Instruct and the tiny test model) -> sessions (synthetic unless
-`data.sessions_path` is given) -> SFT/RL examples with their statistics. Later stages (zero-shot eval, SFT, GRPO,
-eval) append here. Every artefact lands in `run_dir`, starting with the resolved config.
+    models -> sessions -> examples -> zero-shot eval -> SFT -> eval -> Table 2-style comparison
+
+Every artefact lands in `run_dir`, starting with the resolved config. Ray is started (or attached to) once for all
+stages; each stage builds its workers and gives them back when done, so the engines and the learner never hold
+memory at the same time on a small machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from contextlib import contextmanager
@@ -35,42 +38,68 @@ def _stage(name: str) -> Iterator[None]:
 class PipelineResult:
     run_dir: str
     model_dir: str
-    tiny_model_dir: str
-    sessions_path: str
-    data_dir: str
+    sft_model_dir: str
+    table: str
+
+
+def prepare_model(cfg: Config) -> Path:
+    from shop_r1.models.smollm2 import import_smollm2
+
+    return Path(cfg.model.path) if cfg.model.path else import_smollm2(default_model_dir())
+
+
+def prepare_sessions(cfg: Config, run: Path) -> Path:
+    from shop_r1.data.sessions import write_sessions
+    from shop_r1.data.stats import session_stats
+    from shop_r1.data.synth import synthesize_sessions
+
+    if cfg.data.sessions_path:
+        print(f"  using {cfg.data.sessions_path}")
+        return Path(cfg.data.sessions_path)
+    sessions = synthesize_sessions(cfg.data.synth_num_sessions, cfg.data.synth_seed)
+    path = run / "data" / "sessions.jsonl"
+    write_sessions(sessions, path)
+    print(session_stats(sessions).render(f"  synthesized -> {path}"))
+    return path
 
 
 def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.data.build import build_datasets
-    from shop_r1.data.sessions import write_sessions
-    from shop_r1.data.stats import session_stats
-    from shop_r1.data.synth import synthesize_sessions
-    from shop_r1.models.smollm2 import import_smollm2
-    from shop_r1.models.tiny import build_tiny_model
+    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.evaluate import comparison_table, evaluate
+    from shop_r1.sft import run_sft
 
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run / "config.yaml")
-    print(f"run folder: {run.resolve()}")
+    print(f"run folder: {run.resolve()}", flush=True)
 
-    with _stage("models"):
-        model_dir = Path(cfg.model.path) if cfg.model.path else import_smollm2(default_model_dir())
-        tiny_dir = build_tiny_model(run / "models" / "tiny", seed=cfg.seed)
-        print(f"  policy model: {model_dir}\n  tiny test model: {tiny_dir}")
-
+    with _stage("model"):
+        model_dir = prepare_model(cfg)
+        print(f"  policy model: {model_dir}")
     with _stage("sessions"):
-        if cfg.data.sessions_path:
-            sessions_path = Path(cfg.data.sessions_path)
-            print(f"  using {sessions_path}")
-        else:
-            sessions = synthesize_sessions(cfg.data.synth_num_sessions, cfg.data.synth_seed)
-            sessions_path = run / "data" / "sessions.jsonl"
-            write_sessions(sessions, sessions_path)
-            print(session_stats(sessions).render(f"  synthesized -> {sessions_path}"))
-
+        sessions_path = prepare_sessions(cfg, run)
     with _stage("examples"):
         built = build_datasets(sessions_path, run / "data", model_dir, cfg.data, seed=cfg.seed)
         print(built.render())
 
-    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), tiny_model_dir=str(tiny_dir),
-                          sessions_path=str(sessions_path), data_dir=built.out_dir)
+    runtime = start_ray(cfg.ray)
+    local = runtime.local_mode
+    reports = []
+    try:
+        with _stage("zero-shot eval"):
+            reports.append(evaluate(cfg, str(model_dir), built.rl_test_path, run / "eval" / "zero_shot",
+                                    "Zero-shot prompting", local))
+        with _stage("SFT"):
+            sft = run_sft(cfg, str(model_dir), built.sft_train_path, run / "sft", local)
+            print(f"  loss {sft.first_loss:.4f} -> {sft.last_loss:.4f} over {sft.num_steps} steps")
+        with _stage("SFT eval"):
+            reports.append(evaluate(cfg, sft.hf_dir, built.rl_test_path, run / "eval" / "sft", "SFT", local))
+    finally:
+        runtime.shutdown()
+
+    table = comparison_table(reports)
+    (run / "results.md").write_text("```\n" + table + "\n```\n")
+    (run / "results.json").write_text(json.dumps({r.label: r.metrics.to_dict() for r in reports}, indent=2))
+    print("\n" + table, flush=True)
+    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft.hf_dir, table=table)

@@ -212,3 +212,30 @@ class Generation:
     prompt_token_ids: tuple[int, ...]
     completions: tuple[Completion, ...]  # [G]
     vocab_size: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A chat-templated prompt ready for the engines: its token ids and the action the real user took next."""
+
+    example_id: str
+    token_ids: tuple[int, ...]  # [T_prompt]
+    target: Action
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What a reward worker needs for one response: its text, the target, and (optionally) its token logprobs."""
+
+    response: str
+    target: Action
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class ScoredGeneration:
+    """One prompt's G completions with their rewards, aligned: rewards[g] scores generation.completions[g]."""
+
+    prompt: Prompt
+    generation: Generation
+    rewards: tuple[RewardBreakdown, ...]  # [G]

@@ -1,0 +1,125 @@
+"""Actors with one calling convention for Ray and for local (in-process) mode.
+
+    handle = spawn(VLLMEngine, model_path, cfg, local=False, resources=Resources(num_cpus=1))
+    ref = handle.generate.remote(prompts, spec)      # same line in local mode
+    generations = get(ref, timeout_s=600)
+
+In local mode `.remote()` runs the method at once and returns a `LocalRef` holding its value or its exception,
+which `get` returns or raises, so errors surface at the same place as with Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+# Forwarded to every actor so a worker on another node behaves like the driver (offline hub, CPU accelerator, ...).
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",
+                 "WANDB_MODE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCH_EXTENSIONS_DIR",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "SHOP_R1_CACHE", "PYTHONPATH")
+
+
+class ActorTimeout(TimeoutError):
+    """An actor call did not finish within its timeout."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for this actor (e.g. RANK / MASTER_ADDR for a learner rank)."""
+    placement_group: Any = None
+    bundle_index: int = -1
+
+
+class LocalRef:
+    """A finished call in local mode: its value, or the exception it raised."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+
+class _LocalMethod:
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> LocalRef:
+        try:
+            return LocalRef(value=self._fn(*args, **kwargs))
+        except Exception as e:  # surfaced by get(), as Ray would
+            return LocalRef(error=e)
+
+
+class LocalActor:
+    """Wraps an object so `actor.method.remote(...)` works as on a Ray actor handle."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        return _LocalMethod(getattr(self._obj, name))
+
+
+def actor_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    env.update(extra or {})
+    return env
+
+
+def spawn(cls: type, *args: Any, local: bool, resources: Resources = Resources(), **kwargs: Any) -> Any:
+    """Create `cls(*args, **kwargs)` as a Ray actor (or in-process when `local`)."""
+    if local:
+        return LocalActor(cls(*args, **kwargs))
+    import ray
+
+    options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
+                               "runtime_env": {"env_vars": actor_env(resources.env)}}
+    if resources.placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=resources.placement_group, placement_group_bundle_index=resources.bundle_index,
+            placement_group_capture_child_tasks=True)
+    return ray.remote(cls).options(**options).remote(*args, **kwargs)
+
+
+def _unwrap(ref: Any) -> Any:
+    if ref.error is not None:
+        raise ref.error
+    return ref.value
+
+
+def get(refs: Any, timeout_s: float | None = None) -> Any:
+    """Resolve one ref or a list of refs (Ray or local); raises the remote error, or ActorTimeout."""
+    single = not isinstance(refs, (list, tuple))
+    items = [refs] if single else list(refs)
+    if all(isinstance(r, LocalRef) for r in items):
+        values = [_unwrap(r) for r in items]
+    else:
+        import ray
+
+        try:
+            values = ray.get(items, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise ActorTimeout(f"actor call not done after {timeout_s}s") from e
+    return values[0] if single else values
+
+
+def wait_first(refs: Sequence[Any], timeout_s: float | None = None) -> tuple[list[Any], list[Any]]:
+    """Split refs into (finished, pending), returning as soon as at least one is finished (or the timeout)."""
+    if all(isinstance(r, LocalRef) for r in refs):
+        return list(refs), []
+    import ray
+
+    ready, pending = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
+    return ready, pending
+
+
+def kill(handle: Any) -> None:
+    if isinstance(handle, LocalActor):
+        return
+    import ray
+
+    ray.kill(handle, no_restart=True)

@@ -1,0 +1,90 @@
+"""K DeepSpeed learner ranks as Ray actors in one placement group (PACK: ranks share nodes where they fit).
+
+Rank 0's node address and a free port on it are found by a probe task placed in bundle 0, then every rank starts
+with MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE set, so `torch.distributed` rendezvous is the usual env:// one
+(gloo on CPU, NCCL on GPU). Every call fans out to all ranks: DeepSpeed's collectives need every rank to enter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from shop_r1.config import LearnerConfig
+from shop_r1.distributed.actors import Resources, get, kill, spawn
+
+LEARNER_TIMEOUT_S = 7200.0
+
+
+def _node_address_and_free_port() -> tuple[str, int]:
+    import socket
+
+    import ray
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+class LearnerGroup:
+    def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, seed: int, local: bool,
+                 learner_cls: type | None = None) -> None:
+        if learner_cls is None:
+            from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
+        self.world_size = cfg.num_ranks
+        self._pg = None
+        if local:
+            if cfg.num_ranks != 1:
+                raise ValueError(f"learner.num_ranks={cfg.num_ranks}: local mode runs one rank in-process")
+            self.ranks = [spawn(learner_cls, model_path, cfg, lr, total_steps, rank=0, world_size=1, seed=seed,
+                                local=True)]
+            return
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = {"CPU": cfg.num_cpus_per_rank}
+        if cfg.num_gpus_per_rank:
+            bundle["GPU"] = cfg.num_gpus_per_rank
+        self._pg = placement_group([dict(bundle) for _ in range(cfg.num_ranks)], strategy="PACK")
+        ray.get(self._pg.ready(), timeout=600)
+        probe = ray.remote(num_cpus=0)(_node_address_and_free_port).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0))
+        master_addr, master_port = ray.get(probe.remote())
+        self.ranks = []
+        for rank in range(cfg.num_ranks):
+            env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
+                   "WORLD_SIZE": str(cfg.num_ranks), "LOCAL_RANK": "0"}
+            res = Resources(num_cpus=cfg.num_cpus_per_rank, num_gpus=cfg.num_gpus_per_rank, env=env,
+                            placement_group=self._pg, bundle_index=rank)
+            self.ranks.append(spawn(learner_cls, model_path, cfg, lr, total_steps, rank=rank,
+                                    world_size=cfg.num_ranks, seed=seed, local=False, resources=res))
+
+    def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
+        """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""
+        if len(per_rank_micro_batches) != self.world_size:
+            raise ValueError(f"got {len(per_rank_micro_batches)} shares for {self.world_size} ranks")
+        refs = [r.sft_step.remote(list(mbs), num_loss_tokens_global)
+                for r, mbs in zip(self.ranks, per_rank_micro_batches)]
+        return get(refs, timeout_s=LEARNER_TIMEOUT_S)
+
+    def eval_loss(self, micro_batches: Sequence[Any]) -> float:
+        """Every rank evaluates the same batches (ZeRO-3 forwards need all ranks); rank 0's value is returned."""
+        return get([r.eval_loss.remote(list(micro_batches)) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
+
+    def save_hf(self, out_dir: str) -> None:
+        get([r.save_hf.remote(out_dir) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> None:
+        get([r.save_checkpoint.remote(ckpt_dir, client_state) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+
+    def load_checkpoint(self, ckpt_dir: str) -> dict:
+        return get([r.load_checkpoint.remote(ckpt_dir) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            kill(r)
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)

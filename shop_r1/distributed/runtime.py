@@ -1,0 +1,47 @@
+"""Start or attach to Ray once per command.
+
+- `ray.local_mode=true`: no Ray at all; groups build their workers in this process.
+- `ray.address` empty and no RAY_ADDRESS in the environment: start a private local cluster on loopback.
+- otherwise attach (`ray job submit` sets RAY_ADDRESS; `ray.address=auto` finds a running head).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from shop_r1.config import RayConfig
+from shop_r1.distributed.actors import actor_env
+
+
+@dataclass(frozen=True)
+class RayRuntime:
+    local_mode: bool
+    started_here: bool
+    """True when this command started the cluster and so must shut it down."""
+    address: str
+
+    def shutdown(self) -> None:
+        if self.started_here:
+            import ray
+
+            ray.shutdown()
+
+
+def start_ray(cfg: RayConfig) -> RayRuntime:
+    if cfg.local_mode:
+        return RayRuntime(local_mode=True, started_here=False, address="local")
+    import ray
+
+    if ray.is_initialized():
+        return RayRuntime(local_mode=False, started_here=False, address="existing")
+    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": actor_env()}, log_to_driver=True)
+        return RayRuntime(local_mode=False, started_here=True, address=address)
+    # A private cluster for this command, on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from
+    # binding the external interface on this kind of machine).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(num_cpus=cfg.num_cpus or None, include_dashboard=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": actor_env()}, log_to_driver=True)
+    return RayRuntime(local_mode=False, started_here=True, address="local-cluster")

@@ -1,0 +1,41 @@
+"""The reward worker: the pure scorer applied to a list of requests, one failure never taking down the rest.
+
+A scorer that raises on a response gives that response the documented fallback: a `RewardBreakdown` of zeros with
+`error` set (counted as `reward/num_failed` in the metrics). Hangs are handled one level up, by the pool, which can
+kill and replace a worker (shop_r1/distributed/reward_pool.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from shop_r1.config import RewardConfig
+from shop_r1.reward.scorer import score_response
+from shop_r1.reward.self_certainty import check_reward_config
+from shop_r1.types import Action, RewardBreakdown, ScoreRequest, TokenLogprobs
+
+ScoreFn = Callable[[str, Action, RewardConfig, "TokenLogprobs | None"], RewardBreakdown]
+
+
+def fallback_reward(error: str) -> RewardBreakdown:
+    """The documented fallback for a response that could not be scored: 0 in every term, flagged."""
+    return RewardBreakdown(error=error)
+
+
+class RewardWorker:
+    def __init__(self, cfg: RewardConfig, score_fn: ScoreFn = score_response) -> None:
+        check_reward_config(cfg)
+        self._cfg = cfg
+        self._score_fn = score_fn
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[RewardBreakdown]:
+        out = []
+        for req in requests:
+            try:
+                out.append(self._score_fn(req.response, req.target, self._cfg, req.logprobs))
+            except Exception as e:  # noqa: BLE001 - one bad response must not kill the batch; it is flagged
+                out.append(fallback_reward(f"{type(e).__name__}: {e}"))
+        return out
+
+    def ping(self) -> bool:
+        return True
