@@ -12,7 +12,7 @@ from pathlib import Path
 
 from shop_r1.config import DataConfig
 from shop_r1.data.examples import (balance_rl_examples, build_rl_examples, build_sft_examples, chat_token_counter,
-                                   write_examples_jsonl)
+                                   type_counts, write_examples_jsonl)
 from shop_r1.data.sessions import load_sessions, split_sessions
 from shop_r1.data.stats import RLExampleStats, SessionStats, rl_example_stats, session_stats
 
@@ -27,15 +27,25 @@ class BuiltDatasets:
     train_sessions: SessionStats
     test_sessions: SessionStats
     num_sft_train: int
+    num_sft_skipped: int
+    """Sessions left out of SFT because a step lacks a rationale."""
+    num_rl_over_budget: int
+    """RL examples left out because the current page alone exceeds data.max_prompt_tokens."""
+    rl_train_before_balance: dict[str, int]
     rl_train: RLExampleStats
     rl_test: RLExampleStats
 
     def render(self) -> str:
         lines = [self.train_sessions.render("train sessions"), self.test_sessions.render("test sessions"),
-                 f"SFT conversations (train): {self.num_sft_train}",
+                 f"SFT conversations (train): {self.num_sft_train}"
+                 + (f" ({self.num_sft_skipped} sessions without rationales left out)" if self.num_sft_skipped else ""),
+                 f"RL train targets before balancing: {self.rl_train_before_balance}",
                  self.rl_train.render("RL examples (train)"),
                  self.rl_test.render("RL examples (test)"),
                  f"written to {self.out_dir}"]
+        if self.num_rl_over_budget:
+            lines.append(f"left out {self.num_rl_over_budget} RL examples whose current page alone exceeds "
+                         "data.max_prompt_tokens")
         if self.num_bad_lines:
             lines.insert(0, f"skipped {self.num_bad_lines} malformed session lines (data.skip_bad_lines=true)")
         return "\n".join(lines)
@@ -52,11 +62,15 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
 
-    sft_train = build_sft_examples(split.train)
-    rl_train = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens)
+    sft = build_sft_examples(split.train)
+    sft_train = sft.examples
+    rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens)
+    rl_test_build = build_rl_examples(split.test, cfg.context, cfg.max_prompt_tokens, count_tokens)
+    rl_train = list(rl_train_build.examples)
+    rl_unbalanced = type_counts(rl_train)
     if cfg.balance:
         rl_train = balance_rl_examples(rl_train, ratio=cfg.balance_ratio, seed=seed)
-    rl_test = build_rl_examples(split.test, cfg.context, cfg.max_prompt_tokens, count_tokens)
+    rl_test = list(rl_test_build.examples)
 
     paths = {name: out / f"{name}.jsonl" for name in ("sft_train", "rl_train", "rl_test")}
     write_examples_jsonl(sft_train, paths["sft_train"])
@@ -67,7 +81,9 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
         out_dir=str(out), sft_train_path=str(paths["sft_train"]), rl_train_path=str(paths["rl_train"]),
         rl_test_path=str(paths["rl_test"]), num_bad_lines=loaded.num_bad_lines,
         train_sessions=session_stats(split.train), test_sessions=session_stats(split.test),
-        num_sft_train=len(sft_train),
+        num_sft_train=len(sft_train), num_sft_skipped=len(sft.skipped_session_ids),
+        num_rl_over_budget=len(rl_train_build.over_budget_ids) + len(rl_test_build.over_budget_ids),
+        rl_train_before_balance=rl_unbalanced,
         rl_train=rl_example_stats(rl_train, [count_tokens(e.prompt) for e in rl_train]),
         rl_test=rl_example_stats(rl_test, [count_tokens(e.prompt) for e in rl_test]),
     )

@@ -1,0 +1,80 @@
+"""A tiny random Qwen2 with a byte-level BPE tokenizer trained on synthetic-shop text, saved as a normal HF folder.
+
+Sized for tests on a 2-core CPU, yet shaped like the real thing where it matters: head_dim 32 (vLLM's CPU attention
+needs >= 32), grouped-query attention, tied input/output embeddings (as small Qwen2.5 models have; it exercises the
+tied-lm_head weight-reload trap), a ChatML chat template, long positions for page-heavy prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable, Iterator
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def default_corpus(num_sessions: int = 150, seed: int = 0) -> Iterator[str]:
+    """Text like what the model will read and write: pages, action JSON, rationales and the system prompt."""
+    from shop_r1.data.prompts import SYSTEM_PROMPT, render_action
+    from shop_r1.data.synth import synthesize_sessions
+
+    yield SYSTEM_PROMPT
+    for session in synthesize_sessions(num_sessions, seed):
+        for step in session.steps:
+            yield step.observation
+            yield render_action(step.action, step.rationale)
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int):
+    """Byte-level BPE (any text round-trips) with ChatML specials, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, seed: int = 0,
+                     vocab_size: int = 2048) -> Path:
+    """Train the tokenizer, initialise the model from `seed`, save both into `out_dir` (replaced atomically)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192, tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "vocab_size": len(tokenizer)}))
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+    return out
