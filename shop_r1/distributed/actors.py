@@ -17,7 +17,7 @@ from typing import Any, Sequence
 # Forwarded to every actor so a worker on another node behaves like the driver (offline hub, CPU accelerator, ...).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",
                  "WANDB_MODE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCH_EXTENSIONS_DIR",
-                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "SHOP_R1_CACHE", "PYTHONPATH")
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "SHOP_R1_CACHE", "PYTHONPATH", "VLLM_LOGGING_LEVEL")
 
 
 class ActorTimeout(TimeoutError):

@@ -1,0 +1,180 @@
+"""One DeepSpeed rank: the policy model under ZeRO, trained with a token-mean loss over the global batch.
+
+Distributed setup comes from the usual env (MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE / LOCAL_RANK) that the Ray
+learner group sets; run alone, it forms a one-rank group on 127.0.0.1. The optimizer is `torch.optim.AdamW` (with
+`zero_allow_untested_optimizer`), so nothing is JIT-compiled but DeepSpeed's own shm communication op on CPU (built
+once into TORCH_EXTENSIONS_DIR).
+
+Loss scaling: every micro-batch contributes sum(token losses) / num_loss_tokens_global, so the accumulated gradient
+over micro-batches and ranks is the exact token mean of the global batch however it was split. DeepSpeed averages
+gradients over data-parallel ranks, so each rank's loss is multiplied by world_size to undo that average.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from shop_r1.config import LearnerConfig
+from shop_r1.learner.sft_data import MicroBatch
+
+
+@dataclass(frozen=True)
+class SFTStepStats:
+    loss: float
+    """This rank's share of the global token-mean loss (sum over ranks = the global batch's loss)."""
+    num_tokens: int
+    grad_norm: float
+    lr: float
+    step: int
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ensure_dist_env(rank: int, world_size: int) -> None:
+    """A standalone learner (tests, local mode) forms its own one-rank group on loopback."""
+    if world_size == 1 and "MASTER_PORT" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world_size))
+    os.environ.setdefault("LOCAL_RANK", "0")
+
+
+def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    if cfg.offload_optimizer and cfg.zero_stage > 0:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,  # we accumulate ourselves (token-budget micro-batches) and step once
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedLearner:
+    def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, warmup_steps: int = 0) -> None:
+        self.on_gpu = torch.cuda.is_available()
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.on_gpu else "cpu")
+        _ensure_dist_env(rank, world_size)
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
+        torch.manual_seed(seed)
+        self.rank, self.world_size, self.model_path, self.cfg = rank, world_size, str(model_path), cfg
+        bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.on_gpu)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+        # Linear warmup over `warmup_steps`, then constant (the paper states no decay).
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=schedule, config=deepspeed_config(cfg, bf16))
+        self.total_steps = total_steps
+        self.step = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    def _token_loss_sum(self, mb: MicroBatch) -> torch.Tensor:
+        ids = mb.input_ids.to(self.device)
+        logits = self.engine(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        nll = -logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [b, t-1]
+        return (nll * mb.loss_mask[:, 1:].to(self.device)).sum()
+
+    def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
+        if num_loss_tokens_global <= 0:
+            raise ValueError("sft_step: the global batch has no assistant tokens to learn from")
+        total = 0.0
+        batches = list(micro_batches) or [self._empty_batch()]  # an idle rank still joins the collectives
+        for mb in batches:
+            loss = self._token_loss_sum(mb) / num_loss_tokens_global
+            # DeepSpeed averages gradients over ranks; scale back so the sum over ranks is the global token mean.
+            self.engine.backward(loss * self.world_size)
+            total += float(loss.detach())
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self._grad_norm_before_step()
+        self.engine.step()
+        self.step += 1
+        return SFTStepStats(loss=total, num_tokens=sum(mb.num_loss_tokens for mb in micro_batches),
+                            grad_norm=grad_norm, lr=lr, step=self.step)
+
+    def _grad_norm_before_step(self) -> float:
+        """Global gradient norm (pre-clipping). ZeRO 1-2 keep partitioned grads: DeepSpeed reports it after step."""
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        if grads:
+            return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def _empty_batch(self) -> MicroBatch:
+        one = torch.zeros((1, 2), dtype=torch.long)
+        return MicroBatch(one, torch.ones_like(one), torch.zeros_like(one), 0)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float:
+        total = sum(float(self._token_loss_sum(mb)) for mb in micro_batches)
+        tokens = sum(mb.num_loss_tokens for mb in micro_batches)
+        return total / max(tokens, 1)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights in HF names; under ZeRO-3 gathered, so every rank must iterate it."""
+        import deepspeed
+
+        module = self.engine.module
+        for name, param in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], enabled=self.cfg.zero_stage == 3):
+                yield name, param.detach().to(torch.float32).cpu().clone()
+
+    def save_hf(self, out_dir: str) -> None:
+        """A normal HF folder (weights, config, tokenizer, chat template): written aside, then renamed."""
+        state = dict(self.named_weights())
+        if self.rank != 0:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        out = Path(out_dir)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        model.load_state_dict(state, strict=False)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(tmp)
+        (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "trained", "base": self.model_path,
+                                                            "step": self.step}))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> None:
+        self.engine.save_checkpoint(ckpt_dir, tag=f"step{self.step}", client_state={**client_state,
+                                                                                   "learner_step": self.step})
+
+    def load_checkpoint(self, ckpt_dir: str) -> dict:
+        path, client_state = self.engine.load_checkpoint(ckpt_dir)
+        if path is None:
+            raise FileNotFoundError(f"{ckpt_dir}: no DeepSpeed checkpoint to resume from")
+        self.step = int(client_state.get("learner_step", self.step))
+        return client_state

