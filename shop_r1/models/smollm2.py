@@ -17,6 +17,7 @@ from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "shop_r1_import.json"
+IMPORT_FORMAT = 2  # bump when the import's output changes, so older imports are redone
 
 
 def gguf_path() -> Path:
@@ -35,7 +36,7 @@ def _fingerprint(path: Path) -> dict[str, object]:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return {"source": path.name, "size": path.stat().st_size, "sha256": digest.hexdigest()}
+    return {"source": path.name, "size": path.stat().st_size, "sha256": digest.hexdigest(), "format": IMPORT_FORMAT}
 
 
 def import_smollm2(out_dir: str | Path) -> Path:
@@ -44,7 +45,8 @@ def import_smollm2(out_dir: str | Path) -> Path:
     marker = out / MARKER
     if marker.is_file():
         recorded = json.loads(marker.read_text())
-        if recorded.get("size") == src.stat().st_size and recorded.get("sha256") == _fingerprint(src)["sha256"]:
+        if recorded.get("size") == src.stat().st_size and recorded.get("format") == IMPORT_FORMAT \
+                and recorded.get("sha256") == _fingerprint(src)["sha256"]:
             return out
 
     import torch
@@ -53,7 +55,11 @@ def import_smollm2(out_dir: str | Path) -> Path:
     print(f"importing SmolLM2-135M-Instruct from {src} (de-quantising to float32, ~30 s) ...", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
-    model = type(gguf_model)(gguf_model.config)
+    config = gguf_model.config
+    # The weights are de-quantised now; a leftover `quantization_config: gguf` would make vLLM expect GGUF files.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(gguf_model)(config)
     model.load_state_dict(gguf_model.state_dict())
     model = model.to(torch.float32)
     if not tokenizer.chat_template:
