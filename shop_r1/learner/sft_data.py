@@ -3,8 +3,9 @@
 Loss mask: 1 on each assistant turn's content and its end-of-turn token, 0 on the system/user turns and on the
 `<|im_start|>assistant\\n` header. Found by rendering the conversation one turn at a time with the model's chat
 template (templates are prefix-consistent) and mapping character spans to tokens with offset mappings.
-Over `max_seq_len`: the oldest user/assistant pairs are dropped (the system prompt stays); a conversation whose last
-pair alone does not fit is left out and counted (truncating a JSON target would teach broken JSON).
+Over `max_seq_len`: first the oldest pages' HTML is replaced by a short placeholder (every assistant target stays),
+then, if that is not enough, the oldest user/assistant pairs are dropped (the system prompt stays); a conversation
+whose last pair alone does not fit is left out and counted (truncating a JSON target would teach broken JSON).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class SFTSequence:
     input_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     num_dropped_turns: int = 0
+    num_omitted_pages: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,37 @@ def _encode(tokenizer: Any, messages: Sequence[Message]) -> tuple[list[int], lis
     return list(enc["input_ids"]), mask
 
 
+PAGE_OMITTED = "Page HTML omitted to fit the context; the shopper's action on it follows."
+
+
+def _omit_pages(turns: Sequence[Message], k: int) -> list[Message]:
+    """The first k user turns (pages) replaced by a placeholder; the last user turn is never omitted."""
+    out, seen = [], 0
+    users = sum(m.role == "user" for m in turns)
+    for m in turns:
+        if m.role == "user" and seen < min(k, users - 1):
+            out.append(Message("user", PAGE_OMITTED))
+            seen += 1
+        else:
+            out.append(m)
+    return out
+
+
 def tokenize_sft_example(example: SFTExample, tokenizer: Any, max_seq_len: int) -> SFTSequence | None:
     system, turns = example.messages[:1], list(example.messages[1:])
-    dropped = 0
-    while turns:
-        ids, mask = _encode(tokenizer, system + tuple(turns))
+    num_pages = sum(m.role == "user" for m in turns)
+    for k in range(num_pages):  # omit the oldest pages' HTML, one more each time
+        ids, mask = _encode(tokenizer, system + tuple(_omit_pages(turns, k)))
         if len(ids) <= max_seq_len:
-            return SFTSequence(example.session_id, tuple(ids), tuple(mask), dropped)
+            return SFTSequence(example.session_id, tuple(ids), tuple(mask), num_dropped_turns=0, num_omitted_pages=k)
+    turns = _omit_pages(turns, num_pages)
+    dropped = 0
+    while len(turns) > 2:  # then drop the oldest turn pairs
         turns = turns[2:]
         dropped += 1
+        ids, mask = _encode(tokenizer, system + tuple(turns))
+        if len(ids) <= max_seq_len:
+            return SFTSequence(example.session_id, tuple(ids), tuple(mask), dropped, num_pages - 1)
     return None
 
 

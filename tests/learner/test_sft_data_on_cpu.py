@@ -24,15 +24,26 @@ def test_mask_covers_exactly_the_assistant_turns(tiny_tokenizer):
     assert tiny_tokenizer.convert_tokens_to_ids("<|im_start|>") not in masked
 
 
-def test_truncation_drops_oldest_turn_pairs_then_gives_up(tiny_tokenizer):
+def test_truncation_omits_oldest_pages_then_drops_oldest_pairs_then_gives_up(tiny_tokenizer):
     (ex,) = build_sft_examples([_session(n=3, page="<html>" + "word " * 200 + "</html>")]).examples
     full = tokenize_sft_example(ex, tiny_tokenizer, 10_000)
     cut = tokenize_sft_example(ex, tiny_tokenizer, len(full.input_ids) - 1)
-    assert cut.num_dropped_turns == 1 and len(cut.input_ids) < len(full.input_ids)
+    assert (cut.num_omitted_pages, cut.num_dropped_turns) == (1, 0)
     kept = tiny_tokenizer.decode(cut.input_ids)
-    assert "Reason 0." not in kept and "Reason 2." in kept and kept.startswith("<|im_start|>system")
+    assert "Reason 0." in kept and kept.count("word word") < full_count(tiny_tokenizer, full)  # targets all kept
+    two_omitted = tokenize_sft_example(ex, tiny_tokenizer, len(cut.input_ids) - 1)
+    assert two_omitted.num_omitted_pages == 2 and "Reason 0." in tiny_tokenizer.decode(two_omitted.input_ids)
+    # Every page but the last omitted and still too long: the oldest pairs go.
+    dropped = tokenize_sft_example(ex, tiny_tokenizer, len(two_omitted.input_ids) - 1)
+    assert dropped.num_dropped_turns >= 1
+    text = tiny_tokenizer.decode(dropped.input_ids)
+    assert "Reason 0." not in text and "Reason 2." in text and text.startswith("<|im_start|>system")
     out = tokenize_sft_examples([ex], tiny_tokenizer, 50)
     assert out.sequences == () and out.num_dropped == 1
+
+
+def full_count(tok, seq):
+    return tok.decode(seq.input_ids).count("word word")
 
 
 def test_packing_respects_the_token_budget(tiny_tokenizer):

@@ -1,0 +1,120 @@
+"""Learner rank 0 -> every rollout engine, over a dedicated process group (gloo on CPU, NCCL on GPU, same code).
+
+The group has 1 + E members: the sender (rank 0) and E engine receivers, rendezvousing on their own TCPStore, apart
+from DeepSpeed's training group. Weights travel in size-bounded buckets: each bucket is flattened into one buffer of
+its dtype and broadcast once, so the transfer is a few large messages whatever the number of tensors. The manifest
+(names, shapes, dtypes, bucket boundaries) is small and goes through Ray ahead of the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable, Iterator
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class SyncGroupSpec:
+    master_addr: str
+    master_port: int
+    world_size: int
+    """1 sender + number of engines."""
+    backend: str = "gloo"
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    buckets: tuple[tuple[TensorMeta, ...], ...]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(_numel(m.shape) * DTYPES[m.dtype].itemsize for b in self.buckets for m in b)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def make_manifest(named: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int) -> Manifest:
+    """Group tensors (in order) into buckets of one dtype and at most `bucket_bytes` (a bigger tensor goes alone)."""
+    buckets: list[list[TensorMeta]] = []
+    size = 0
+    for name, shape, dtype in named:
+        key = str(dtype).removeprefix("torch.")
+        nbytes = _numel(tuple(shape)) * dtype.itemsize
+        if not buckets or buckets[-1][0].dtype != key or size + nbytes > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(TensorMeta(name, tuple(shape), key))
+        size += nbytes
+    return Manifest(tuple(tuple(b) for b in buckets))
+
+
+def _process_group(spec: SyncGroupSpec, rank: int):
+    import torch.distributed as dist
+
+    store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=rank == 0,
+                          timeout=timedelta(seconds=spec.timeout_s))
+    prefixed = dist.PrefixStore("shop_r1_weight_sync", store)
+    if spec.backend == "nccl":
+        return store, dist.ProcessGroupNCCL(prefixed, rank, spec.world_size)
+    return store, dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timedelta(seconds=spec.timeout_s))
+
+
+class WeightSender:
+    """Rank 0 of the sync group, living in learner rank 0."""
+
+    def __init__(self, spec: SyncGroupSpec, device: torch.device) -> None:
+        self._store, self._pg = _process_group(spec, rank=0)
+        self.device = device
+
+    def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
+        """Broadcast `tensors` (in manifest order) bucket by bucket; returns the bytes sent."""
+        sent = 0
+        for bucket in manifest.buckets:
+            parts = []
+            for meta in bucket:
+                name, t = next(tensors)
+                if name != meta.name or tuple(t.shape) != meta.shape:
+                    raise RuntimeError(f"weight sync: expected {meta.name} {meta.shape}, got {name} {tuple(t.shape)}")
+                parts.append(t.detach().to(self.device, DTYPES[meta.dtype]).reshape(-1))
+            flat = torch.cat(parts)
+            self._pg.broadcast([flat], 0).wait()
+            sent += flat.numel() * flat.element_size()
+        return sent
+
+
+class WeightReceiver:
+    """Rank r >= 1 of the sync group, living in a rollout engine's actor."""
+
+    def __init__(self, spec: SyncGroupSpec, rank: int, device: torch.device) -> None:
+        if rank < 1:
+            raise ValueError("receivers have ranks 1..E; rank 0 is the learner's sender")
+        self._store, self._pg = _process_group(spec, rank=rank)
+        self.device = device
+
+    def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in manifest.buckets:
+            total = sum(_numel(m.shape) for m in bucket)
+            flat = torch.empty(total, dtype=DTYPES[bucket[0].dtype], device=self.device)
+            self._pg.broadcast([flat], 0).wait()
+            offset = 0
+            for meta in bucket:
+                n = _numel(meta.shape)
+                yield meta.name, flat[offset:offset + n].view(meta.shape)
+                offset += n
