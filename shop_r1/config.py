@@ -160,7 +160,7 @@ class RayConfig:
     address: str = ""
     """Empty: start a local Ray cluster for this command. 'auto' or ray://...: attach (e.g. under `ray job submit`)."""
     num_cpus: int = 0
-    """CPUs for a local cluster (0: all of this machine's)."""
+    """Logical CPUs of a local cluster (0: this machine's cores, at least 6 so a GRPO run's workers all fit)."""
     local_mode: bool = False
     """Run every worker in this process, no Ray at all (unit tests, debugging); same typed methods."""
 
@@ -172,8 +172,23 @@ class RLConfig:
     global_batch_size: int = 64
     """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks)."""
     kl_beta: float = 0.001
-    """Weight of KL(pi || pi_ref), Eq. 4."""
+    """Weight of KL(pi || pi_ref), Eq. 4 (k3 estimator, in the loss)."""
     clip_eps: float = 0.2
+    """PPO clip range below 1 (and above, unless clip_eps_high is set)."""
+    clip_eps_high: float = 0.0
+    """Separate upper clip (clip-higher); 0 means the same as clip_eps."""
+    loss_aggregation: Literal["token", "sequence"] = "token"
+    """Average the loss over all response tokens of the batch, or per response first."""
+    num_minibatches: int = 1
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
+    drop_zero_signal_groups: bool = False
+    """Leave out groups whose rewards are all equal (their advantages are 0 anyway)."""
+    checkpoint_every: int = 50
+    """Save a resumable checkpoint every this many steps (and at the end)."""
+    weight_sync_bucket_mb: int = 256
+    """Size bound of one broadcast bucket during weight sync."""
+    check_weight_sync: bool = False
+    """Debug: after every sync, compare the engines' logprobs with the learner's on a probe batch."""
 
 
 @dataclass

@@ -68,7 +68,7 @@ def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: s
     engines = EngineGroup(model_path, cfg.rollout, context, cfg.seed, local=local)
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local)
     try:
-        scored = engines.generate_scored(prompts, spec, pool)
+        scored = engines.generate_scored(prompts, spec, pool).scored
     finally:
         engines.shutdown()
         pool.shutdown()

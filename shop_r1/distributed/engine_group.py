@@ -6,6 +6,8 @@ moment it comes back, so scoring overlaps generation instead of waiting for the 
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from shop_r1.config import RolloutConfig
@@ -14,6 +16,15 @@ from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.types import Generation, Prompt, SamplingSpec, ScoredGeneration, ScoreRequest
 
 GENERATE_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    scored: list[ScoredGeneration]
+    generate_s: float
+    """Until the last engine returned (scoring of earlier chunks overlaps this)."""
+    reward_wait_s: float
+    """Scoring time not hidden behind generation."""
 
 
 def split_evenly(n: int, parts: int) -> list[range]:
@@ -59,9 +70,9 @@ class EngineGroup:
             out.extend(_renumber(gens, rng))
         return out
 
-    def generate_scored(self, prompts: Sequence[Prompt], spec: SamplingSpec, pool: RewardPool
-                        ) -> list[ScoredGeneration]:
+    def generate_scored(self, prompts: Sequence[Prompt], spec: SamplingSpec, pool: RewardPool) -> ScoredBatch:
         """Generate, and score each chunk as soon as its engine returns it. Results in the prompts' order."""
+        start = time.perf_counter()
         chunks = self._chunks(len(prompts))
         pending = {engine.generate.remote([list(prompts[i].token_ids) for i in rng], spec): rng
                    for engine, rng in chunks}
@@ -76,6 +87,7 @@ class EngineGroup:
                 requests = [ScoreRequest(c.text, prompts[g.prompt_index].target, c.token_logprobs(g.vocab_size))
                             for g in gens for c in g.completions]
                 tickets.append((gens, pool.submit(requests)))
+        generated = time.perf_counter()
         scored: list[ScoredGeneration] = []
         for gens, ticket in tickets:
             rewards = iter(pool.collect(ticket))
@@ -83,7 +95,7 @@ class EngineGroup:
                 scored.append(ScoredGeneration(prompts[g.prompt_index], g,
                                                tuple(next(rewards) for _ in g.completions)))
         scored.sort(key=lambda s: s.generation.prompt_index)
-        return scored
+        return ScoredBatch(scored, generate_s=generated - start, reward_wait_s=time.perf_counter() - generated)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Load the same tensors into every engine (through the object store; the GRPO loop uses weight_sync)."""

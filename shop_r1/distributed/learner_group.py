@@ -13,6 +13,7 @@ from shop_r1.config import LearnerConfig
 from shop_r1.distributed.actors import Resources, get, kill, spawn
 
 LEARNER_TIMEOUT_S = 7200.0
+PLACEMENT_TIMEOUT_S = 300.0
 
 
 def _node_address_and_free_port() -> tuple[str, int]:
@@ -26,9 +27,17 @@ def _node_address_and_free_port() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
+def _node_address_and_free_port_local() -> tuple[str, int]:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return "127.0.0.1", s.getsockname()[1]
+
+
 class LearnerGroup:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, seed: int, local: bool,
-                 warmup_steps: int = 0, learner_cls: type | None = None) -> None:
+                 warmup_steps: int = 0, reference_path: str | None = None, learner_cls: type | None = None) -> None:
         if learner_cls is None:
             from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
         self.world_size = cfg.num_ranks
@@ -37,7 +46,7 @@ class LearnerGroup:
             if cfg.num_ranks != 1:
                 raise ValueError(f"learner.num_ranks={cfg.num_ranks}: local mode runs one rank in-process")
             self.ranks = [spawn(learner_cls, model_path, cfg, lr, total_steps, rank=0, world_size=1, seed=seed,
-                                warmup_steps=warmup_steps, local=True)]
+                                warmup_steps=warmup_steps, reference_path=reference_path, local=True)]
             return
         import ray
         from ray.util.placement_group import placement_group
@@ -47,9 +56,15 @@ class LearnerGroup:
         if cfg.num_gpus_per_rank:
             bundle["GPU"] = cfg.num_gpus_per_rank
         self._pg = placement_group([dict(bundle) for _ in range(cfg.num_ranks)], strategy="PACK")
-        ray.get(self._pg.ready(), timeout=600)
+        try:
+            ray.get(self._pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the learner group needs {cfg.num_ranks} x {bundle} but the cluster cannot place it "
+                               f"within {PLACEMENT_TIMEOUT_S:.0f}s (available: {ray.available_resources()}); lower "
+                               "learner.num_cpus_per_rank / num_gpus_per_rank or add nodes") from None
         probe = ray.remote(num_cpus=0)(_node_address_and_free_port).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0))
+        self._probe = probe
         master_addr, master_port = ray.get(probe.remote())
         self.ranks = []
         for rank in range(cfg.num_ranks):
@@ -58,8 +73,8 @@ class LearnerGroup:
             res = Resources(num_cpus=cfg.num_cpus_per_rank, num_gpus=cfg.num_gpus_per_rank, env=env,
                             placement_group=self._pg, bundle_index=rank)
             self.ranks.append(spawn(learner_cls, model_path, cfg, lr, total_steps, rank=rank,
-                                    world_size=cfg.num_ranks, seed=seed, warmup_steps=warmup_steps, local=False,
-                                    resources=res))
+                                    world_size=cfg.num_ranks, seed=seed, warmup_steps=warmup_steps,
+                                    reference_path=reference_path, local=False, resources=res))
 
     def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
         """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""
@@ -68,6 +83,28 @@ class LearnerGroup:
         refs = [r.sft_step.remote(list(mbs), num_loss_tokens_global)
                 for r, mbs in zip(self.ranks, per_rank_micro_batches)]
         return get(refs, timeout_s=LEARNER_TIMEOUT_S)
+
+    def grpo_step(self, batch: Any, rl: Any) -> list[Any]:
+        """Every rank trains on its contiguous share of the responses (K = 1: all of them)."""
+        n = batch.num_responses
+        shares = [range(r * n // self.world_size, (r + 1) * n // self.world_size) for r in range(self.world_size)]
+        refs = [r.grpo_step.remote(batch.select(s) if self.world_size > 1 else batch, rl)
+                for r, s in zip(self.ranks, shares)]
+        return get(refs, timeout_s=LEARNER_TIMEOUT_S)
+
+    def rationale_self_certainty(self, batch: Any, direction: str) -> list[float]:
+        return get(self.ranks[0].rationale_self_certainty.remote(batch, direction), timeout_s=LEARNER_TIMEOUT_S)
+
+    def probe_logprobs(self, batch: Any) -> list[list[float]]:
+        return get(self.ranks[0].probe_logprobs.remote(batch), timeout_s=LEARNER_TIMEOUT_S)
+
+    def sync_address(self) -> tuple[str, int]:
+        """Rank 0's node address and a free port there, for the weight-sync group."""
+        if self._pg is None:
+            return _node_address_and_free_port_local()
+        import ray
+
+        return ray.get(self._probe.remote())
 
     def eval_loss(self, micro_batches: Sequence[Any]) -> float:
         """Every rank evaluates the same batches (ZeRO-3 forwards need all ranks); rank 0's value is returned."""

@@ -14,6 +14,11 @@ from shop_r1.config import RayConfig
 from shop_r1.distributed.actors import actor_env
 
 
+# A local cluster advertises at least this many logical CPUs, so that the engine, the learner and the reward pool of a
+# GRPO run can all be placed on a 2-core machine (they time-share its cores; nothing is pinned by Ray on CPU).
+MIN_LOCAL_CPUS = 6
+
+
 @dataclass(frozen=True)
 class RayRuntime:
     local_mode: bool
@@ -42,6 +47,7 @@ def start_ray(cfg: RayConfig) -> RayRuntime:
     # A private cluster for this command, on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from
     # binding the external interface on this kind of machine).
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=cfg.num_cpus or None, include_dashboard=False, _node_ip_address="127.0.0.1",
+    ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, MIN_LOCAL_CPUS), include_dashboard=False,
+             _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": actor_env()}, log_to_driver=True)
     return RayRuntime(local_mode=False, started_here=True, address="local-cluster")

@@ -27,6 +27,17 @@ from shop_r1.learner.sft_data import MicroBatch
 
 
 @dataclass(frozen=True)
+class GRPOStepStats:
+    loss: float
+    kl: float
+    clip_fraction: float
+    ratio_mean: float
+    grad_norm: float
+    num_tokens: int
+    step: int
+
+
+@dataclass(frozen=True)
 class SFTStepStats:
     loss: float
     """This rank's share of the global token-mean loss (sum over ranks = the global batch's loss)."""
@@ -70,7 +81,8 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
 
 class DeepSpeedLearner:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, warmup_steps: int = 0) -> None:
+                 world_size: int = 1, seed: int = 0, warmup_steps: int = 0, reference_path: str | None = None
+                 ) -> None:
         self.on_gpu = torch.cuda.is_available()
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.on_gpu else "cpu")
         _ensure_dist_env(rank, world_size)
@@ -93,10 +105,119 @@ class DeepSpeedLearner:
             model=model, optimizer=optimizer, lr_scheduler=schedule, config=deepspeed_config(cfg, bf16))
         self.total_steps = total_steps
         self.step = 0
+        self.reference = None
+        if reference_path is not None:
+            # The frozen reference policy for the KL term: a plain module, replicated on every rank.
+            ref_dtype = torch.bfloat16 if bf16 else torch.float32
+            self.reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=ref_dtype).to(self.device)
+            self.reference.eval().requires_grad_(False)
+        self._sender = None
 
     @property
     def device(self) -> torch.device:
         return self.engine.device
+
+    # ------------------------------------------------------------------------------------------------ GRPO
+
+    def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
+        """[b, T] logprob of token t under `model` (predicted at t-1); 0 at position 0."""
+        from shop_r1.algo.logprobs import token_logprobs_from_logits
+
+        ids = batch.input_ids.to(self.device)
+        logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device)).logits
+        lp = token_logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+        return torch.nn.functional.pad(lp, (1, 0))
+
+    def _micro_batches(self, batch: Any) -> list[Any]:
+        rows, out, width = [], [], int(batch.input_ids.shape[1])
+        per = max(1, self.cfg.max_tokens_per_micro_batch // max(width, 1))
+        for start in range(0, batch.num_responses, per):
+            out.append(batch.select(range(start, min(start + per, batch.num_responses))))
+        return out
+
+    @torch.no_grad()
+    def rationale_self_certainty(self, batch: Any, direction: str) -> list[float]:
+        """Exact s(r) per response from the policy's full logits over its rationale tokens (chunked)."""
+        from shop_r1.reward.self_certainty import kl_to_uniform_logits
+
+        out = []
+        for mb in self._micro_batches(batch):
+            ids = mb.input_ids.to(self.device)
+            logits = self.engine(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
+            for b in range(ids.shape[0]):
+                positions = mb.rationale_mask[b, 1:].nonzero().squeeze(-1).to(self.device)
+                if positions.numel() == 0:
+                    out.append(0.0)
+                    continue
+                kl = kl_to_uniform_logits(logits[b, :-1].index_select(0, positions), direction)
+                out.append(float(kl.float().mean()))
+        return out
+
+    def grpo_step(self, batch: Any, rl: Any) -> "GRPOStepStats":
+        """One rollout batch: reference and old logprobs, then `rl.num_minibatches` clipped-surrogate updates."""
+        from shop_r1.algo.grpo_loss import grpo_loss
+
+        micro = self._micro_batches(batch)
+        with torch.no_grad():
+            old = [self._logprobs(self.engine, mb) for mb in micro]
+            ref = [self._logprobs(self.reference, mb) if self.reference is not None else None for mb in micro]
+        groups = [list(range(i, len(micro), rl.num_minibatches)) for i in range(min(rl.num_minibatches, len(micro)))]
+        eps_high = rl.clip_eps_high or rl.clip_eps
+        totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        grad_norms = []
+        for group in groups:
+            tokens = sum(int(micro[i].completion_mask[:, 1:].sum()) for i in group)
+            rows = sum(micro[i].num_responses for i in group)
+            for i in group:
+                mb = micro[i]
+                mask = mb.completion_mask.to(self.device)
+                out = grpo_loss(self._logprobs(self.engine, mb), old[i], ref[i], mb.advantages.to(self.device),
+                                mask, rl.clip_eps, eps_high, rl.kl_beta, rl.loss_aggregation)
+                share = (int(mask[:, 1:].sum()) / max(tokens, 1)) if rl.loss_aggregation == "token" \
+                    else mb.num_responses / max(rows, 1)
+                self.engine.backward(out.loss * share)
+                for key in totals:
+                    totals[key] += float(out.loss.detach() if key == "loss" else getattr(out, key)) * share / len(groups)
+            grad_norms.append(self._grad_norm_before_step())
+            self.engine.step()
+        self.step += 1
+        return GRPOStepStats(loss=totals["loss"], kl=totals["kl"], clip_fraction=totals["clip_fraction"],
+                             ratio_mean=totals["ratio_mean"], grad_norm=sum(grad_norms) / len(grad_norms),
+                             num_tokens=int(batch.completion_mask.sum()), step=self.step)
+
+    @torch.no_grad()
+    def probe_logprobs(self, batch: Any) -> list[list[float]]:
+        """The policy's logprobs on each response's completion tokens (for the weight-sync check)."""
+        out = []
+        for mb in self._micro_batches(batch):
+            lp = self._logprobs(self.engine, mb)
+            for b in range(lp.shape[0]):
+                out.append(lp[b][mb.completion_mask[b].bool().to(self.device)].float().cpu().tolist())
+        return out
+
+    # ------------------------------------------------------------------------------------------- weight sync
+
+    def weight_manifest(self, bucket_bytes: int) -> Any:
+        from shop_r1.weight_sync.broadcast import make_manifest
+
+        dtype = torch.bfloat16 if self.engine.bfloat16_enabled() else torch.float32
+        return make_manifest(((n, tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape), dtype)
+                              for n, p in self.engine.module.named_parameters()), bucket_bytes)
+
+    def init_weight_sender(self, spec: Any) -> None:
+        from shop_r1.weight_sync.broadcast import WeightSender
+
+        if self.rank == 0:
+            self._sender = WeightSender(spec, self.device)
+
+    def broadcast_weights(self, manifest: Any) -> int:
+        """Every rank must call (ZeRO-3 gathers); rank 0 sends. Returns bytes sent (0 on other ranks)."""
+        weights = self.named_weights()
+        if self.rank != 0:
+            for _ in weights:
+                pass
+            return 0
+        return self._sender.send(manifest, weights)
 
     def _token_loss_sum(self, mb: MicroBatch) -> torch.Tensor:
         ids = mb.input_ids.to(self.device)

@@ -90,6 +90,18 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self._version = version
 
+    def init_weight_receiver(self, spec: Any, rank: int) -> None:
+        """Join the learner's weight-sync group as receiver `rank` (1..E); collective with the sender's init."""
+        import torch
+
+        from shop_r1.weight_sync.broadcast import WeightReceiver
+
+        self._receiver = WeightReceiver(spec, rank, torch.device("cuda" if self.on_gpu else "cpu"))
+
+    def receive_weights(self, manifest: Any, version: int) -> None:
+        """Receive one broadcast of the policy's weights and load them (collective with the sender)."""
+        self.load_weights(self._receiver.receive(manifest), version)
+
     def policy_version(self) -> int:
         return self._version
 

@@ -94,7 +94,7 @@ class WeightSender:
                     raise RuntimeError(f"weight sync: expected {meta.name} {meta.shape}, got {name} {tuple(t.shape)}")
                 parts.append(t.detach().to(self.device, DTYPES[meta.dtype]).reshape(-1))
             flat = torch.cat(parts)
-            self._pg.broadcast([flat], 0).wait()
+            self._pg.broadcast(flat, 0).wait()
             sent += flat.numel() * flat.element_size()
         return sent
 
@@ -112,7 +112,7 @@ class WeightReceiver:
         for bucket in manifest.buckets:
             total = sum(_numel(m.shape) for m in bucket)
             flat = torch.empty(total, dtype=DTYPES[bucket[0].dtype], device=self.device)
-            self._pg.broadcast([flat], 0).wait()
+            self._pg.broadcast(flat, 0).wait()
             offset = 0
             for meta in bucket:
                 n = _numel(meta.shape)

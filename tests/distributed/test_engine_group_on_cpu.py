@@ -105,7 +105,7 @@ def test_generate_scored_aligns_rewards_with_completions(group, prompts):
     pool = RewardPool(RewardConfig(), RewardPoolConfig(num_workers=1), local=False)
     try:
         scored = group.generate_scored(prompts, SamplingSpec(n=2, temperature=1.0, max_new_tokens=8,
-                                                             top_k_logprobs=5, seed=3), pool)
+                                                             top_k_logprobs=5, seed=3), pool).scored
     finally:
         pool.shutdown()
     assert [s.prompt.example_id for s in scored] == [p.example_id for p in prompts]

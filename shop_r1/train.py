@@ -1,0 +1,131 @@
+"""`shop-r1 train`: GRPO with the Shop-R1 hybrid reward (paper Eq. 4), as a Ray actor/learner loop.
+
+    prompts -> engines generate G samples each -> reward pool scores them -> group advantages
+            -> learner update (clipped surrogate + beta * KL to the frozen SFT policy) -> weight sync -> log -> ckpt
+
+Backends and placement are chosen once, before the loop. `rl.global_batch_size` counts responses (P x G).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from shop_r1 import checkpoint
+from shop_r1.algo.advantages import group_advantages
+from shop_r1.algo.batch import build_grpo_batch
+from shop_r1.config import Config, config_to_dict
+from shop_r1.data.sampler import Cursor, PromptSampler
+from shop_r1.distributed.engine_group import EngineGroup
+from shop_r1.distributed.learner_group import LearnerGroup
+from shop_r1.distributed.reward_pool import RewardPool
+from shop_r1.distributed.weight_sync import make_weight_sync
+from shop_r1.reward.scorer import combine
+from shop_r1.rollout.metrics import rollout_metrics
+from shop_r1.tracking import Tracker
+from shop_r1.types import Prompt, SamplingSpec, ScoredGeneration
+
+
+@dataclass(frozen=True)
+class GRPOResult:
+    hf_dir: str
+    num_steps: int
+    first_reward: float
+    last_reward: float
+    seconds: float
+
+
+def _exact_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
+                          ) -> list[ScoredGeneration]:
+    """Replace the top-k estimate of s(r) by the learner's exact value and re-form each total."""
+    it = iter(certainty)
+    out = []
+    for s in scored:
+        rewards = tuple(combine(r.format, r.action_type, r.attribute, r.value, next(it) if r.format_valid else 0.0,
+                                cfg.reward, r.format_valid) for r in s.rewards)
+        out.append(dataclasses.replace(s, rewards=rewards))
+    return out
+
+
+def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
+             resume: bool = False, pad_id: int = 0) -> GRPOResult:
+    """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference."""
+    from shop_r1.evaluate import max_model_len
+
+    start_time = time.perf_counter()
+    out, group_size = Path(out_dir), cfg.rollout.group_size
+    prompts_per_step = max(1, cfg.rl.global_batch_size // group_size)
+    spec = SamplingSpec(n=group_size, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+                        top_k_logprobs=cfg.rollout.top_k_logprobs)
+    engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local)
+    pool = RewardPool(cfg.reward, cfg.reward_pool, local=local)
+    learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
+                            reference_path=policy_path)
+    sync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
+    sampler, step = PromptSampler(len(prompts), prompts_per_step, cfg.seed), 0
+    ckpt_root = out / "checkpoints"
+    if resume and (found := checkpoint.latest(ckpt_root)) is not None:
+        state = checkpoint.load_state(found)
+        learners.load_checkpoint(str(found / "deepspeed"))
+        checkpoint.restore_rng(state.rng)
+        sampler.cursor, step = Cursor(state.cursor_epoch, state.cursor_position), state.step
+        print(f"resumed from {found} (step {step})", flush=True)
+    sync.push(step)  # engines start from exactly the learner's weights
+    tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg))
+    rewards_seen: list[float] = []
+    try:
+        while step < cfg.rl.steps:
+            step += 1
+            t0 = time.perf_counter()
+            batch_prompts = [prompts[i] for i in sampler.next_batch()]                       # take prompts
+            rollout = engines.generate_scored(batch_prompts, spec, pool)                    # generate + score
+            scored = rollout.scored
+            t1 = time.perf_counter()
+            rewards = torch.tensor([[r.total for r in s.rewards] for s in scored])          # [P, G]
+            adv = group_advantages(rewards)                                                  # advantages
+            batch = build_grpo_batch(scored, adv.advantages, pad_id)
+            if cfg.reward.self_certainty.source == "learner_logits":
+                scored = _exact_self_certainty(scored, learners.rationale_self_certainty(
+                    batch, cfg.reward.self_certainty.direction), cfg)
+                rewards = torch.tensor([[r.total for r in s.rewards] for s in scored])
+                adv = group_advantages(rewards)
+                batch = build_grpo_batch(scored, adv.advantages, pad_id)
+            if cfg.rl.drop_zero_signal_groups and not adv.zero_signal.all():
+                keep = [p * group_size + g for p in range(len(scored)) if not adv.zero_signal[p]
+                        for g in range(group_size)]
+                batch = batch.select(keep)
+            t2 = time.perf_counter()
+            update = learners.grpo_step(batch, cfg.rl)[0]                                   # learner update
+            t3 = time.perf_counter()
+            synced = sync.push(step)                                                         # weight sync
+            t4 = time.perf_counter()
+            metrics = rollout_metrics(scored)                                                # log
+            metrics.update({"train/loss": update.loss, "train/kl": update.kl, "train/clip_fraction":
+                            update.clip_fraction, "train/ratio_mean": update.ratio_mean, "train/grad_norm":
+                            update.grad_norm, "train/zero_signal_groups": adv.num_zero_signal_groups,
+                            "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
+                            "timing/advantages": t2 - t1,
+                            "timing/update": t3 - t2, "timing/weight_sync": t4 - t3, "timing/step": t4 - t0,
+                            "timing/other": (t4 - t0) - (rollout.generate_s + rollout.reward_wait_s + (t3 - t2)
+                                                         + (t4 - t3)),
+                            "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
+                                                                     for c in s.generation.completions) / (t1 - t0),
+                            "weight_sync/bytes": synced.num_bytes, "policy_version": step})
+            tracker.log(step, metrics)
+            rewards_seen.append(metrics["reward/total"])
+            if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint
+                checkpoint.save(ckpt_root, checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position,
+                                                                 checkpoint.capture_rng()),
+                                config_to_dict(cfg), lambda d: learners.save_checkpoint(d, {"step": step}))
+        learners.save_hf(str(out / "hf"))
+    finally:
+        tracker.close()
+        engines.shutdown()
+        pool.shutdown()
+        learners.shutdown()
+    return GRPOResult(str(out / "hf"), step, rewards_seen[0] if rewards_seen else 0.0,
+                      rewards_seen[-1] if rewards_seen else 0.0, time.perf_counter() - start_time)
