@@ -112,6 +112,34 @@ def cmd_sft(args: argparse.Namespace) -> None:
           f"model {result.hf_dir}; checkpoint {result.checkpoint_dir}")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    from shop_r1.config import save_config
+    from shop_r1.data.encode import encode_prompts
+    from shop_r1.data.examples import load_rl_examples
+    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.evaluate import max_model_len
+    from shop_r1.train import run_grpo
+
+    cfg = _config(args)
+    model = args.model or cfg.model.path
+    if not model:
+        raise SystemExit("train: give --model DIR (the SFT model: initial policy and reference) or model.path=DIR")
+    save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = encode_prompts(tok, load_rl_examples(args.examples),
+                             max_model_len(cfg, model) - cfg.rollout.max_new_tokens)
+    runtime = start_ray(cfg.ray)
+    try:
+        result = run_grpo(cfg, model, prompts, args.out_dir, runtime.local_mode, resume=args.resume,
+                          pad_id=tok.pad_token_id or 0)
+    finally:
+        runtime.shutdown()
+    print(f"GRPO: {result.num_steps} steps, mean reward {result.first_reward:.3f} -> {result.last_reward:.3f}; "
+          f"policy {result.hf_dir}")
+
+
 def cmd_data_rationales(args: argparse.Namespace) -> None:
     from shop_r1.data.rationales import synthesize_rationales
 
@@ -149,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shop-r1", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval, one table")
+    p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval -> GRPO -> eval")
     _add_config_args(p)
     p.set_defaults(func=cmd_pipeline)
 
@@ -188,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, type=Path)
     _add_config_args(p)
     p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("train", help="GRPO with the hybrid reward (engines, reward pool, learner group)")
+    p.add_argument("--model", default="", help="SFT model folder: initial policy and KL reference")
+    p.add_argument("--examples", required=True, type=Path, help="rl_train.jsonl from `data build`")
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT_DIR")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
 
     reward = sub.add_parser("reward", help="the hybrid reward").add_subparsers(dest="reward_command", required=True)
     p = reward.add_parser("score", help="score responses in a JSONL file")

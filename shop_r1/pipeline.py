@@ -1,6 +1,6 @@
 """The main job, `shop-r1 pipeline`: the whole method on the configured setup, stage by stage.
 
-    models -> sessions -> examples -> zero-shot eval -> SFT -> eval -> Table 2-style comparison
+    model -> sessions -> examples -> zero-shot eval -> SFT -> eval -> GRPO (Shop-R1) -> eval -> Table 2-style table
 
 Every artefact lands in `run_dir`, starting with the resolved config. Ray is started (or attached to) once for all
 stages; each stage builds its workers and gives them back when done, so the engines and the learner never hold
@@ -39,6 +39,7 @@ class PipelineResult:
     run_dir: str
     model_dir: str
     sft_model_dir: str
+    shop_r1_model_dir: str
     table: str
 
 
@@ -63,11 +64,29 @@ def prepare_sessions(cfg: Config, run: Path) -> Path:
     return path
 
 
+def _rl_prompts(cfg: Config, model_dir: str, rl_examples_path: str) -> list:
+    from transformers import AutoTokenizer
+
+    from shop_r1.data.encode import encode_prompts
+    from shop_r1.data.examples import load_rl_examples
+    from shop_r1.evaluate import max_model_len
+
+    return encode_prompts(AutoTokenizer.from_pretrained(model_dir), load_rl_examples(rl_examples_path),
+                          max_model_len(cfg, model_dir) - cfg.rollout.max_new_tokens)
+
+
+def _pad_id(model_dir: str) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir).pad_token_id or 0
+
+
 def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.data.build import build_datasets
     from shop_r1.distributed.runtime import start_ray
     from shop_r1.evaluate import comparison_table, evaluate
     from shop_r1.sft import run_sft
+    from shop_r1.train import run_grpo
 
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -95,6 +114,12 @@ def run_pipeline(cfg: Config) -> PipelineResult:
             print(f"  loss {sft.first_loss:.4f} -> {sft.last_loss:.4f} over {sft.num_steps} steps")
         with _stage("SFT eval"):
             reports.append(evaluate(cfg, sft.hf_dir, built.rl_test_path, run / "eval" / "sft", "SFT", local))
+        with _stage("GRPO (Shop-R1)"):
+            grpo = run_grpo(cfg, sft.hf_dir, _rl_prompts(cfg, sft.hf_dir, built.rl_train_path), run / "grpo", local,
+                            pad_id=_pad_id(sft.hf_dir))
+            print(f"  mean reward {grpo.first_reward:.3f} -> {grpo.last_reward:.3f} over {grpo.num_steps} steps")
+        with _stage("Shop-R1 eval"):
+            reports.append(evaluate(cfg, grpo.hf_dir, built.rl_test_path, run / "eval" / "shop_r1", "Shop-R1", local))
     finally:
         runtime.shutdown()
 
@@ -102,4 +127,5 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     (run / "results.md").write_text("```\n" + table + "\n```\n")
     (run / "results.json").write_text(json.dumps({r.label: r.metrics.to_dict() for r in reports}, indent=2))
     print("\n" + table, flush=True)
-    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft.hf_dir, table=table)
+    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft.hf_dir,
+                          shop_r1_model_dir=grpo.hf_dir, table=table)

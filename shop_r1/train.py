@@ -9,6 +9,7 @@ Backends and placement are chosen once, before the loop. `rl.global_batch_size` 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,11 @@ from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.weight_sync import make_weight_sync
-from shop_r1.reward.scorer import combine
+from shop_r1.reward.scorer import combine, score_response
+from shop_r1.reward.worker import ScoreFn
 from shop_r1.rollout.metrics import rollout_metrics
 from shop_r1.tracking import Tracker
-from shop_r1.types import Prompt, SamplingSpec, ScoredGeneration
+from shop_r1.types import Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
 
 @dataclass(frozen=True)
@@ -51,18 +53,35 @@ def _exact_self_certainty(scored: list[ScoredGeneration], certainty: list[float]
     return out
 
 
+def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Prompt, step: int, pad_id: int
+                      ) -> dict[str, float]:
+    """Debug mode: the engines' logprobs on a greedy probe must equal the learner's; versions must equal the step."""
+    versions = engines.policy_versions()
+    if versions != [step] * len(versions):
+        raise RuntimeError(f"weight sync: engines report policy versions {versions} after pushing step {step}")
+    gen = engines.generate([probe.token_ids], SamplingSpec(n=1, temperature=0.0, max_new_tokens=16,
+                                                           top_k_logprobs=0))[0]
+    scored = ScoredGeneration(probe, gen, tuple(RewardBreakdown() for _ in gen.completions))
+    batch = build_grpo_batch([scored], torch.zeros(1, len(gen.completions)), pad_id)
+    ours = learners.probe_logprobs(batch)[0]
+    theirs = gen.completions[0].logprobs
+    diff = max((abs(a - b) for a, b in zip(ours, theirs)), default=0.0)
+    return {"weight_sync/check_max_abs_logprob_diff": diff}
+
+
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
-             resume: bool = False, pad_id: int = 0) -> GRPOResult:
-    """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference."""
+             resume: bool = False, pad_id: int = 0, score_fn: ScoreFn = score_response) -> GRPOResult:
+    """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
+
+    `score_fn` is the reward (default: the Shop-R1 hybrid reward); tests and custom tasks may pass their own.
+    """
     from shop_r1.evaluate import max_model_len
 
     start_time = time.perf_counter()
     out, group_size = Path(out_dir), cfg.rollout.group_size
     prompts_per_step = max(1, cfg.rl.global_batch_size // group_size)
-    spec = SamplingSpec(n=group_size, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                        top_k_logprobs=cfg.rollout.top_k_logprobs)
     engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local)
-    pool = RewardPool(cfg.reward, cfg.reward_pool, local=local)
+    pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
     learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
                             reference_path=policy_path)
     sync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
@@ -76,12 +95,18 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
         print(f"resumed from {found} (step {step})", flush=True)
     sync.push(step)  # engines start from exactly the learner's weights
     tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg))
+    out.mkdir(parents=True, exist_ok=True)
+    batches_log = open(out / "batches.jsonl", "a", encoding="utf-8")
     rewards_seen: list[float] = []
     try:
         while step < cfg.rl.steps:
             step += 1
             t0 = time.perf_counter()
-            batch_prompts = [prompts[i] for i in sampler.next_batch()]                       # take prompts
+            indices = sampler.next_batch()
+            batch_prompts = [prompts[i] for i in indices]                                    # take prompts
+            # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
+            spec = SamplingSpec(n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + step,
+                                max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs)
             rollout = engines.generate_scored(batch_prompts, spec, pool)                    # generate + score
             scored = rollout.scored
             t1 = time.perf_counter()
@@ -115,7 +140,11 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                             "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
                                                                      for c in s.generation.completions) / (t1 - t0),
                             "weight_sync/bytes": synced.num_bytes, "policy_version": step})
+            if cfg.rl.check_weight_sync:
+                metrics.update(check_weight_sync(engines, learners, batch_prompts[0], step, pad_id))
             tracker.log(step, metrics)
+            batches_log.write(json.dumps({"step": step, "example_ids": [p.example_id for p in batch_prompts]}) + "\n")
+            batches_log.flush()
             rewards_seen.append(metrics["reward/total"])
             if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint
                 checkpoint.save(ckpt_root, checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position,
@@ -124,6 +153,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
         learners.save_hf(str(out / "hf"))
     finally:
         tracker.close()
+        batches_log.close()
         engines.shutdown()
         pool.shutdown()
         learners.shutdown()

@@ -159,7 +159,9 @@ class DeepSpeedLearner:
 
         micro = self._micro_batches(batch)
         with torch.no_grad():
-            old = [self._logprobs(self.engine, mb) for mb in micro]
+            # With one update per rollout batch the policy is still the sampler: old == current, so the ratio is
+            # exactly 1 and its detached logprobs serve as `old` without a second forward pass.
+            old = [self._logprobs(self.engine, mb) if rl.num_minibatches > 1 else None for mb in micro]
             ref = [self._logprobs(self.reference, mb) if self.reference is not None else None for mb in micro]
         groups = [list(range(i, len(micro), rl.num_minibatches)) for i in range(min(rl.num_minibatches, len(micro)))]
         eps_high = rl.clip_eps_high or rl.clip_eps
@@ -171,8 +173,10 @@ class DeepSpeedLearner:
             for i in group:
                 mb = micro[i]
                 mask = mb.completion_mask.to(self.device)
-                out = grpo_loss(self._logprobs(self.engine, mb), old[i], ref[i], mb.advantages.to(self.device),
-                                mask, rl.clip_eps, eps_high, rl.kl_beta, rl.loss_aggregation)
+                logp = self._logprobs(self.engine, mb)
+                out = grpo_loss(logp, old[i] if old[i] is not None else logp.detach(), ref[i],
+                                mb.advantages.to(self.device), mask, rl.clip_eps, eps_high, rl.kl_beta,
+                                rl.loss_aggregation)
                 share = (int(mask[:, 1:].sum()) / max(tokens, 1)) if rl.loss_aggregation == "token" \
                     else mb.num_responses / max(rows, 1)
                 self.engine.backward(out.loss * share)
