@@ -62,3 +62,12 @@ def test_resolved_config_round_trips(tmp_path):
 def test_derived_dars_follows_the_scale_switch():
     assert load_config(None, ["reward.reward_scale=false"]).reward.effective_dars == 1.0
     assert load_config().reward.effective_dars == 1000.0
+
+
+def test_every_shipped_config_loads():
+    from pathlib import Path
+
+    files = sorted(Path(__file__).resolve().parents[1].joinpath("configs").rglob("*.yaml"))
+    assert len(files) >= 9
+    for f in files:
+        load_config(f)  # an unknown key or a wrong type would raise, naming it
