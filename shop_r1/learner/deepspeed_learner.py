@@ -120,13 +120,8 @@ class DeepSpeedLearner:
     # ------------------------------------------------------------------------------------------------ GRPO
 
     def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
-        """[b, T] logprob of token t under `model` (predicted at t-1); 0 at position 0."""
-        from shop_r1.algo.logprobs import token_logprobs_from_logits
-
-        ids = batch.input_ids.to(self.device)
-        logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device)).logits
-        lp = token_logprobs_from_logits(logits[:, :-1], ids[:, 1:])
-        return torch.nn.functional.pad(lp, (1, 0))
+        """[b, T] logprob of each completion token under `model` (0 elsewhere)."""
+        return self._target_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
 
     def _micro_batches(self, batch: Any) -> list[Any]:
         rows, out, width = [], [], int(batch.input_ids.shape[1])
@@ -141,16 +136,17 @@ class DeepSpeedLearner:
         from shop_r1.reward.self_certainty import kl_to_uniform_logits
 
         out = []
+        module = self.engine.module
         for mb in self._micro_batches(batch):
             ids = mb.input_ids.to(self.device)
-            logits = self.engine(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
+            hidden = module.model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).last_hidden_state
             for b in range(ids.shape[0]):
                 positions = mb.rationale_mask[b, 1:].nonzero().squeeze(-1).to(self.device)
                 if positions.numel() == 0:
                     out.append(0.0)
                     continue
-                kl = kl_to_uniform_logits(logits[b, :-1].index_select(0, positions), direction)
-                out.append(float(kl.float().mean()))
+                logits = module.lm_head(hidden[b, :-1].index_select(0, positions))  # [n_rationale, V]
+                out.append(float(kl_to_uniform_logits(logits, direction).float().mean()))
         return out
 
     def grpo_step(self, batch: Any, rl: Any) -> "GRPOStepStats":
@@ -161,7 +157,7 @@ class DeepSpeedLearner:
         with torch.no_grad():
             # With one update per rollout batch the policy is still the sampler: old == current, so the ratio is
             # exactly 1 and its detached logprobs serve as `old` without a second forward pass.
-            old = [self._logprobs(self.engine, mb) if rl.num_minibatches > 1 else None for mb in micro]
+            old = [self._logprobs(self.engine.module, mb) if rl.num_minibatches > 1 else None for mb in micro]
             ref = [self._logprobs(self.reference, mb) if self.reference is not None else None for mb in micro]
         groups = [list(range(i, len(micro), rl.num_minibatches)) for i in range(min(rl.num_minibatches, len(micro)))]
         eps_high = rl.clip_eps_high or rl.clip_eps
@@ -173,7 +169,7 @@ class DeepSpeedLearner:
             for i in group:
                 mb = micro[i]
                 mask = mb.completion_mask.to(self.device)
-                logp = self._logprobs(self.engine, mb)
+                logp = self._logprobs(self.engine.module, mb)
                 out = grpo_loss(logp, old[i] if old[i] is not None else logp.detach(), ref[i],
                                 mb.advantages.to(self.device), mask, rl.clip_eps, eps_high, rl.kl_beta,
                                 rl.loss_aggregation)
@@ -182,8 +178,7 @@ class DeepSpeedLearner:
                 self.engine.backward(out.loss * share)
                 for key in totals:
                     totals[key] += float(out.loss.detach() if key == "loss" else getattr(out, key)) * share / len(groups)
-            grad_norms.append(self._grad_norm_before_step())
-            self.engine.step()
+            grad_norms.append(self._optimizer_step())
         self.step += 1
         return GRPOStepStats(loss=totals["loss"], kl=totals["kl"], clip_fraction=totals["clip_fraction"],
                              ratio_mean=totals["ratio_mean"], grad_norm=sum(grad_norms) / len(grad_norms),
@@ -194,7 +189,7 @@ class DeepSpeedLearner:
         """The policy's logprobs on each response's completion tokens (for the weight-sync check)."""
         out = []
         for mb in self._micro_batches(batch):
-            lp = self._logprobs(self.engine, mb)
+            lp = self._logprobs(self.engine.module, mb)
             for b in range(lp.shape[0]):
                 out.append(lp[b][mb.completion_mask[b].bool().to(self.device)].float().cpu().tolist())
         return out
@@ -223,12 +218,24 @@ class DeepSpeedLearner:
             return 0
         return self._sender.send(manifest, weights)
 
+    def _target_logprobs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         target_mask: torch.Tensor) -> torch.Tensor:
+        """[b, T] logprob of token t (predicted at t-1) where target_mask[:, t] is 1, else 0.
+
+        The vocabulary projection runs only on the positions that are targets (assistant or completion tokens, a
+        small share of page-heavy sequences), so no [b, T, V] logits tensor is ever built.
+        """
+        ids = input_ids.to(self.device)
+        hidden = model.model(input_ids=ids, attention_mask=attention_mask.to(self.device)).last_hidden_state
+        where = target_mask[:, 1:].to(self.device).bool()  # [b, T-1]
+        logits = model.lm_head(hidden[:, :-1][where]).float()  # [n, V]
+        picked = logits.gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        out = torch.zeros(ids.shape, dtype=picked.dtype, device=self.device)
+        out[:, 1:][where] = picked
+        return out
+
     def _token_loss_sum(self, mb: MicroBatch) -> torch.Tensor:
-        ids = mb.input_ids.to(self.device)
-        logits = self.engine(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        nll = -logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [b, t-1]
-        return (nll * mb.loss_mask[:, 1:].to(self.device)).sum()
+        return -self._target_logprobs(self.engine.module, mb.input_ids, mb.attention_mask, mb.loss_mask).sum()
 
     def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
         if num_loss_tokens_global <= 0:
@@ -241,19 +248,25 @@ class DeepSpeedLearner:
             self.engine.backward(loss * self.world_size)
             total += float(loss.detach())
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm = self._grad_norm_before_step()
-        self.engine.step()
+        grad_norm = self._optimizer_step()
         self.step += 1
         return SFTStepStats(loss=total, num_tokens=sum(mb.num_loss_tokens for mb in micro_batches),
                             grad_norm=grad_norm, lr=lr, step=self.step)
 
-    def _grad_norm_before_step(self) -> float:
-        """Global gradient norm (pre-clipping). ZeRO 1-2 keep partitioned grads: DeepSpeed reports it after step."""
+    def _optimizer_step(self) -> float:
+        """engine.step(), returning this step's global gradient norm (before clipping).
+
+        Where the gradients sit on the parameters we measure them; where ZeRO keeps them in its own partitioned
+        buffers, DeepSpeed's own figure for this step is read after the step.
+        """
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-        if grads:
-            return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) \
+            if grads else None
+        self.engine.step()
+        if norm is None:
+            ds_norm = self.engine.get_global_grad_norm()
+            norm = float(ds_norm) if ds_norm is not None else float("nan")
+        return norm
 
     def _empty_batch(self) -> MicroBatch:
         one = torch.zeros((1, 2), dtype=torch.long)

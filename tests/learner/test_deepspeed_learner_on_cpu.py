@@ -44,8 +44,10 @@ def test_micro_batch_split_gives_the_same_update(tiny_model_dir, sequences):
     sa, sb = a.sft_step(whole, n), b.sft_step(split, n)
     assert sa.loss == pytest.approx(sb.loss, rel=1e-5)
     assert sa.grad_norm == pytest.approx(sb.grad_norm, rel=1e-4)
-    for (name, pa), (_, pb) in zip(a.named_weights(), b.named_weights()):
-        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
+    # Adam's first step is ~lr * sign(grad), so entries whose gradient is ~0 may differ by float summation order;
+    # the models must nonetheless agree on the loss after the step.
+    assert a.eval_loss(whole) == pytest.approx(b.eval_loss(whole), rel=1e-4)
+    assert a.eval_loss(whole) < sa.loss
 
 
 def test_save_hf_reproduces_the_trained_model(trained, tmp_path, tiny_model_dir):
@@ -73,3 +75,20 @@ def test_checkpoint_round_trip(trained, tmp_path, tiny_model_dir):
         torch.testing.assert_close(pa, pb, msg=name)
     with pytest.raises(FileNotFoundError):
         fresh.load_checkpoint(str(tmp_path / "nothing"))
+
+
+def test_exact_self_certainty_from_learner_logits(trained):
+    from shop_r1.algo.batch import GRPOBatch
+    from shop_r1.reward.self_certainty import kl_to_uniform_logits
+
+    learner, _ = trained
+    ids = torch.tensor([[5, 17, 42, 99, 3, 8], [7, 7, 9, 11, 2, 0]])
+    rationale = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+    batch = GRPOBatch(ids, torch.tensor([[1] * 6, [1] * 5 + [0]]), torch.tensor([[0, 0, 1, 1, 1, 1]] * 2), rationale,
+                      torch.zeros(2), torch.zeros(2, 6))
+    got = learner.rationale_self_certainty(batch, "p_to_u")
+    with torch.no_grad():
+        logits = learner.engine.module(ids[:1]).logits[0]
+    # rationale tokens 2 and 3 are predicted at positions 1 and 2
+    expected = float(kl_to_uniform_logits(logits[1:3], "p_to_u").mean())
+    assert got[0] == pytest.approx(expected, rel=1e-4) and got[1] == 0.0
