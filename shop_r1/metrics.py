@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from shop_r1.data.jsonl import read_jsonl_objects
 from shop_r1.reward.action import exact_match
 from shop_r1.reward.format import parse_response
 from shop_r1.types import ACTION_TYPES, Action
@@ -89,17 +89,9 @@ def format_metrics_table(metrics: EvalMetrics, title: str | None = None) -> str:
 def load_predictions_jsonl(path: str | Path) -> tuple[list[str], list[Action]]:
     """Lines {"response": str, "target": {action}}; a bad line is an error naming FILE:LINE."""
     responses, targets = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("response"), str):
-                raise ValueError(f"{where}: response: expected a string field 'response'")
-            responses.append(obj["response"])
-            targets.append(Action.from_dict(obj.get("target"), where=f"{where}: target"))
+    for where, obj in read_jsonl_objects(path):
+        if not isinstance(obj.get("response"), str):
+            raise ValueError(f"{where}: response: expected a string field 'response'")
+        responses.append(obj["response"])
+        targets.append(Action.from_dict(obj.get("target"), where=f"{where}: target"))
     return responses, targets

@@ -13,13 +13,13 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from shop_r1.data.jsonl import read_jsonl_objects
 from shop_r1.data.prompts import (SYSTEM_PROMPT, apply_chat_template, render_action, render_dropped_observation,
                                   render_observation)
 from shop_r1.data.sessions import write_jsonl_atomic
@@ -157,20 +157,7 @@ def _messages(obj: Any, where: str) -> tuple[Message, ...]:
 
 
 def _read_jsonl(path: str | Path, parse: Callable[[Any, str], Any]) -> list[Any]:
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            out.append(parse(obj, where))
-    return out
+    return [parse(obj, where) for where, obj in read_jsonl_objects(path)]
 
 
 def _rl_from_dict(obj: dict[str, Any], where: str) -> RLExample:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from shop_r1.data.jsonl import read_jsonl
 from shop_r1.types import Action, Session, Step
 
 
@@ -62,27 +63,21 @@ def load_sessions(path: str | Path, skip_bad_lines: bool = False) -> LoadedSessi
     sessions: list[Session] = []
     seen: dict[str, int] = {}
     bad: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SessionFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-                session = session_from_dict(obj, where)
-                if session.session_id in seen:
-                    raise SessionFormatError(f"{where}: session_id: {session.session_id!r} already used on line "
-                                             f"{seen[session.session_id]}")
-            except SessionFormatError as e:
-                if not skip_bad_lines:
-                    raise
-                bad.append(str(e))
-                continue
-            seen[session.session_id] = lineno
-            sessions.append(session)
+    for line in read_jsonl(path):
+        try:
+            if line.error is not None:
+                raise SessionFormatError(f"{line.where}: {line.error}")
+            session = session_from_dict(line.value, line.where)
+            if session.session_id in seen:
+                raise SessionFormatError(f"{line.where}: session_id: {session.session_id!r} already used on line "
+                                         f"{seen[session.session_id]}")
+        except SessionFormatError as e:
+            if not skip_bad_lines:
+                raise
+            bad.append(str(e))
+            continue
+        seen[session.session_id] = int(line.where.rsplit(":", 1)[1])
+        sessions.append(session)
     return LoadedSessions(tuple(sessions), len(bad), tuple(bad))
 
 

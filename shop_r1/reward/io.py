@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shop_r1.config import RewardConfig
+from shop_r1.data.jsonl import read_jsonl_objects
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.self_certainty import check_reward_config
 from shop_r1.types import Action, TokenLogprobs
@@ -41,22 +42,24 @@ def score_jsonl(input_path: str | Path, output_path: str | Path, cfg: RewardConf
     check_reward_config(cfg)
     out_path = Path(output_path)
     tmp = out_path.with_name(out_path.name + ".tmp")
+    try:
+        n = _score_lines(input_path, tmp, cfg)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out_path)
+    return n
+
+
+def _score_lines(input_path: str | Path, tmp: Path, cfg: RewardConfig) -> int:
     n = 0
-    with open(input_path, encoding="utf-8") as src, open(tmp, "w", encoding="utf-8") as dst:
-        for lineno, line in enumerate(src, 1):
-            if not line.strip():
-                continue
-            where = f"{input_path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("response"), str):
+    with open(tmp, "w", encoding="utf-8") as dst:
+        for where, obj in read_jsonl_objects(input_path):
+            if not isinstance(obj.get("response"), str):
                 raise ValueError(f"{where}: response: expected a string field 'response'")
             target = Action.from_dict(obj.get("target"), where=f"{where}: target")
             reward = score_response(obj["response"], target, cfg, _logprobs_from(obj.get("logprobs"), where))
             obj["reward"] = reward.to_dict()
             dst.write(json.dumps(obj, ensure_ascii=False) + "\n")
             n += 1
-    os.replace(tmp, out_path)
     return n

@@ -1,0 +1,39 @@
+"""Reading JSONL with every problem named by FILE:LINE (blank lines are ignored)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True)
+class JsonlLine:
+    where: str
+    """FILE:LINE, for error messages."""
+    value: Any
+    error: str | None = None
+    """Why the line is not JSON (value is None then)."""
+
+
+def read_jsonl(path: str | Path) -> Iterator[JsonlLine]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield JsonlLine(where, json.loads(line))
+            except json.JSONDecodeError as e:
+                yield JsonlLine(where, None, f"not valid JSON ({e.msg} at column {e.colno})")
+
+
+def read_jsonl_objects(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, object) per line; a line that is not a JSON object raises ValueError naming FILE:LINE."""
+    for line in read_jsonl(path):
+        if line.error is not None:
+            raise ValueError(f"{line.where}: {line.error}")
+        if not isinstance(line.value, dict):
+            raise ValueError(f"{line.where}: expected a JSON object")
+        yield line.where, line.value
