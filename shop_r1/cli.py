@@ -23,6 +23,13 @@ def _config(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+def _model(args: argparse.Namespace, cfg, command: str, what: str) -> str:
+    model = args.model or cfg.model.path
+    if not model:
+        raise SystemExit(f"{command}: give --model DIR ({what}) or model.path=DIR")
+    return model
+
+
 def cmd_data_synth(args: argparse.Namespace) -> None:
     from shop_r1.data.sessions import write_sessions
     from shop_r1.data.stats import session_stats
@@ -50,10 +57,8 @@ def cmd_data_build(args: argparse.Namespace) -> None:
     from shop_r1.data.build import build_datasets
 
     cfg = _config(args)
-    model_dir = args.model or cfg.model.path
-    if not model_dir:
-        raise SystemExit("data build: give --model DIR (its tokenizer measures prompt length) or model.path=DIR")
-    built = build_datasets(args.sessions, args.out_dir, model_dir, cfg.data, seed=cfg.seed)
+    model = _model(args, cfg, "data build", "its tokenizer measures prompt length")
+    built = build_datasets(args.sessions, args.out_dir, model, cfg.data, seed=cfg.seed)
     print(built.render())
 
 
@@ -77,37 +82,27 @@ def cmd_eval_metrics(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_run(args: argparse.Namespace) -> None:
-    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.distributed.runtime import ray_runtime
     from shop_r1.evaluate import evaluate
 
     cfg = _config(args)
-    model = args.model or cfg.model.path
-    if not model:
-        raise SystemExit("eval run: give --model DIR or model.path=DIR")
-    runtime = start_ray(cfg.ray)
-    try:
+    model = _model(args, cfg, "eval run", "the model to evaluate")
+    with ray_runtime(cfg.ray) as runtime:
         report = evaluate(cfg, model, args.examples, args.out_dir, args.label or Path(model).name, runtime.local_mode)
-    finally:
-        runtime.shutdown()
     print((Path(args.out_dir) / "metrics.txt").read_text())
     print(f"predictions: {report.predictions_path}\nmetrics: {report.metrics_path}")
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
     from shop_r1.config import save_config
-    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.distributed.runtime import ray_runtime
     from shop_r1.sft import run_sft
 
     cfg = _config(args)
-    model = args.model or cfg.model.path
-    if not model:
-        raise SystemExit("sft: give --model DIR or model.path=DIR")
+    model = _model(args, cfg, "sft", "the base model")
     save_config(cfg, Path(cfg.run_dir) / "config.yaml")
-    runtime = start_ray(cfg.ray)
-    try:
+    with ray_runtime(cfg.ray) as runtime:
         result = run_sft(cfg, model, args.examples, args.out_dir, runtime.local_mode)
-    finally:
-        runtime.shutdown()
     print(f"SFT: loss {result.first_loss:.4f} -> {result.last_loss:.4f} in {result.num_steps} steps; "
           f"model {result.hf_dir}; checkpoint {result.checkpoint_dir}")
 
@@ -118,24 +113,19 @@ def cmd_train(args: argparse.Namespace) -> None:
     from shop_r1.config import save_config
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
-    from shop_r1.distributed.runtime import start_ray
+    from shop_r1.distributed.runtime import ray_runtime
     from shop_r1.evaluate import max_model_len
     from shop_r1.train import run_grpo
 
     cfg = _config(args)
-    model = args.model or cfg.model.path
-    if not model:
-        raise SystemExit("train: give --model DIR (the SFT model: initial policy and reference) or model.path=DIR")
+    model = _model(args, cfg, "train", "the SFT model: initial policy and KL reference")
     save_config(cfg, Path(cfg.run_dir) / "config.yaml")
     tok = AutoTokenizer.from_pretrained(model)
     prompts = encode_prompts(tok, load_rl_examples(args.examples),
                              max_model_len(cfg, model) - cfg.rollout.max_new_tokens)
-    runtime = start_ray(cfg.ray)
-    try:
+    with ray_runtime(cfg.ray) as runtime:
         result = run_grpo(cfg, model, prompts, args.out_dir, runtime.local_mode, resume=args.resume,
                           pad_id=tok.pad_token_id or 0)
-    finally:
-        runtime.shutdown()
     print(f"GRPO: {result.num_steps} steps, mean reward {result.first_reward:.3f} -> {result.last_reward:.3f}; "
           f"policy {result.hf_dir}")
 

@@ -17,9 +17,8 @@ from shop_r1.config import Config
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.metrics import EvalMetrics, compute_metrics, format_metrics_table
+from shop_r1.rollout.metrics import REWARD_TERMS
 from shop_r1.types import RewardBreakdown, SamplingSpec, ScoredGeneration
-
-REWARD_TERMS = ("format", "action_type", "attribute", "value", "self_certainty", "total")
 
 
 @dataclass(frozen=True)

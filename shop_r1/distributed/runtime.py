@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from shop_r1.config import RayConfig
 from shop_r1.distributed.actors import actor_env
@@ -51,3 +53,13 @@ def start_ray(cfg: RayConfig) -> RayRuntime:
              _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": actor_env()}, log_to_driver=True)
     return RayRuntime(local_mode=False, started_here=True, address="local-cluster")
+
+
+@contextmanager
+def ray_runtime(cfg: RayConfig) -> Iterator[RayRuntime]:
+    """Start or attach for the duration of a command; a cluster started here is shut down on the way out."""
+    runtime = start_ray(cfg)
+    try:
+        yield runtime
+    finally:
+        runtime.shutdown()
