@@ -67,6 +67,10 @@ class DataConfig:
     """Share of sessions held out for evaluation (split by session, never by step)."""
     context: Literal["whole_session", "latest_step"] = "whole_session"
     """Table 5: every earlier page's HTML in the prompt, or only the current page plus the action history."""
+    history_rationales: bool = True
+    """RL prompts: earlier assistant turns carry the session's recorded rationale with the action, so every
+    in-context answer has the output format the model must produce. False gives action-only history (the paper's
+    wording), which teaches small models in context to drop the rationale (a format failure)."""
     max_prompt_tokens: int = 32768
     """Prompt budget (the paper's 32k context); the oldest pages' HTML is dropped first to fit."""
     balance: bool = True

@@ -25,11 +25,15 @@ from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.weight_sync import make_weight_sync
+from shop_r1.learner.deepspeed_learner import GRPOStepStats
 from shop_r1.reward.scorer import combine, score_response
 from shop_r1.reward.worker import ScoreFn
 from shop_r1.rollout.metrics import rollout_metrics
 from shop_r1.tracking import Tracker
 from shop_r1.types import Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
+
+
+SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
 
 
 @dataclass(frozen=True)
@@ -119,17 +123,17 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                 rewards = torch.tensor([[r.total for r in s.rewards] for s in scored])
                 adv = group_advantages(rewards)
                 batch = build_grpo_batch(scored, adv.advantages, pad_id)
-            if cfg.rl.drop_zero_signal_groups and not adv.zero_signal.all():
-                keep = [p * group_size + g for p in range(len(scored)) if not adv.zero_signal[p]
-                        for g in range(group_size)]
-                batch = batch.select(keep)
+            if cfg.rl.drop_zero_signal_groups:
+                batch = batch.select([p * group_size + g for p in range(len(scored)) if not adv.zero_signal[p]
+                                      for g in range(group_size)])
             t2 = time.perf_counter()
-            update = learners.grpo_step(batch, cfg.rl)[0]                                   # learner update
+            # With every group dropped there is nothing to learn from: the update is skipped (and counted).
+            update = learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED  # learner update
             t3 = time.perf_counter()
             synced = sync.push(step)                                                         # weight sync
             t4 = time.perf_counter()
             metrics = rollout_metrics(scored)                                                # log
-            metrics.update({"train/loss": update.loss, "train/kl": update.kl, "train/clip_fraction":
+            metrics.update({"train/skipped_update": float(update is SKIPPED), "train/loss": update.loss, "train/kl": update.kl, "train/clip_fraction":
                             update.clip_fraction, "train/ratio_mean": update.ratio_mean, "train/grad_norm":
                             update.grad_norm, "train/zero_signal_groups": adv.num_zero_signal_groups,
                             "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,

@@ -64,8 +64,10 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
 
     sft = build_sft_examples(split.train)
     sft_train = sft.examples
-    rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens)
-    rl_test_build = build_rl_examples(split.test, cfg.context, cfg.max_prompt_tokens, count_tokens)
+    rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens,
+                                       cfg.history_rationales)
+    rl_test_build = build_rl_examples(split.test, cfg.context, cfg.max_prompt_tokens, count_tokens,
+                                      cfg.history_rationales)
     rl_train = list(rl_train_build.examples)
     rl_unbalanced = type_counts(rl_train)
     if cfg.balance:

@@ -3,8 +3,9 @@
 - SFT: the whole session as one conversation: system, then per step user(page) -> assistant({rationale, action}).
   A session with any step lacking a rationale cannot supervise the rationale: it is left out and counted
   (fill rationales first with `shop-r1 data rationales`).
-- RL: one example per step after the first. Prompt: system, then per earlier step user(page) -> assistant(action,
-  no rationale: the RL stage uses no LLM-written rationales), then user(current page); target: that step's action.
+- RL: one example per step after the first. Prompt: system, then per earlier step user(page) -> assistant(the
+  recorded {rationale, action}, or the action alone with `history_rationales=False`), then user(current page);
+  target: that step's action (rewards never read rationales from the data).
   `latest_step` context (Table 5) omits every earlier page's HTML, keeping the action history.
   Budget: while the prompt exceeds `max_prompt_tokens`, the oldest remaining page HTML is dropped (binary search on
   how many, so a long session costs O(log n) token counts). If even the current page alone does not fit, the example
@@ -56,20 +57,21 @@ def build_sft_examples(sessions: Sequence[Session]) -> SFTBuild:
     return SFTBuild(tuple(examples), tuple(skipped))
 
 
-def _rl_prompt(session: Session, t: int, num_dropped: int) -> tuple[Message, ...]:
+def _rl_prompt(session: Session, t: int, num_dropped: int, history_rationales: bool = True) -> tuple[Message, ...]:
     """Prompt for predicting step t with the HTML of the `num_dropped` oldest pages omitted."""
     messages = [Message("system", SYSTEM_PROMPT)]
     for i in range(t):
         step = session.steps[i]
         page = render_dropped_observation(i) if i < num_dropped else render_observation(step.observation, i)
         messages.append(Message("user", page))
-        messages.append(Message("assistant", render_action(step.action, None)))
+        messages.append(Message("assistant", render_action(step.action,
+                                                            step.rationale if history_rationales else None)))
     messages.append(Message("user", render_observation(session.steps[t].observation, t)))
     return tuple(messages)
 
 
 def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_tokens: int,
-                      count_tokens: TokenCounter) -> RLBuild:
+                      count_tokens: TokenCounter, history_rationales: bool = True) -> RLBuild:
     if context not in ("whole_session", "latest_step"):
         raise ValueError(f"context must be whole_session or latest_step, got {context!r}")
     examples, over = [], []
@@ -77,21 +79,22 @@ def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_toke
         for t in range(1, len(s.steps)):
             example_id = f"{s.session_id}:{t}"
             lo = t if context == "latest_step" else 0
-            if count_tokens(_rl_prompt(s, t, t)) > max_prompt_tokens:
+            prompt = lambda k: _rl_prompt(s, t, k, history_rationales)  # noqa: E731 - k earlier pages omitted
+            if count_tokens(prompt(t)) > max_prompt_tokens:
                 over.append(example_id)
                 continue
             hi = t  # dropping all t earlier pages fits; find the fewest drops >= lo that fit
-            if count_tokens(_rl_prompt(s, t, lo)) <= max_prompt_tokens:
+            if count_tokens(prompt(lo)) <= max_prompt_tokens:
                 hi = lo
             else:
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
-                    if count_tokens(_rl_prompt(s, t, mid)) <= max_prompt_tokens:
+                    if count_tokens(prompt(mid)) <= max_prompt_tokens:
                         hi = mid
                     else:
                         lo = mid
             step = s.steps[t]
-            examples.append(RLExample(example_id, s.session_id, t, _rl_prompt(s, t, hi), step.action,
+            examples.append(RLExample(example_id, s.session_id, t, prompt(hi), step.action,
                                       step.rationale, num_dropped_pages=hi))
     return RLBuild(tuple(examples), tuple(over))
 

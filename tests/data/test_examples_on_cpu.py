@@ -44,8 +44,10 @@ def test_rl_examples_one_per_step_after_the_first():
     assert [m.role for m in ex.prompt] == ["system"] + ["user", "assistant"] * 3 + ["user"]
     assert "page 3" in ex.prompt[-1].content  # ends with the current page
     history = [json.loads(m.content) for m in ex.prompt if m.role == "assistant"]
-    assert all("rationale" not in h for h in history)  # no LLM rationales in RL context
-    assert history[1] == {"action": {"type": "click", "name": "refinements.brand.acme"}}
+    # by default history turns have the output format: the recorded rationale and the action
+    assert history[1] == {"rationale": "I act 1.", "action": {"type": "click", "name": "refinements.brand.acme"}}
+    bare = build_rl_examples([_session(n=4)], "whole_session", 10**6, chars, history_rationales=False).examples[2]
+    assert all("rationale" not in json.loads(m.content) for m in bare.prompt if m.role == "assistant")
 
 
 def test_truncation_drops_the_oldest_pages_first_and_keeps_actions_and_current_page():
