@@ -54,8 +54,13 @@ def exact_match(pred: Action | None, target: Action) -> bool:
     return True
 
 
+# ROUGE-L values that equal the threshold exactly can come out of the float arithmetic one ulp below it (3 of 3
+# predicted tokens in a 5-token target: 2 * 1 * 0.6 / 1.6 = 0.7499999999999999); they must still count.
+THRESHOLD_SLACK = 1e-9
+
+
 def _thresholded(score: float, threshold: float) -> float:
-    return score if score >= threshold else 0.0
+    return score if score >= threshold - THRESHOLD_SLACK else 0.0
 
 
 def action_reward(pred: Action, target: Action, cfg: RewardConfig) -> ActionReward:

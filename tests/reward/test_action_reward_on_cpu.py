@@ -58,6 +58,15 @@ def test_table_1_rows(action, target, expected):
         assert getattr(r, key) == pytest.approx(value, abs=1e-9), key
 
 
+def test_threshold_edge_survives_float_rounding():
+    from shop_r1.reward.rouge import rouge_l
+
+    # 3 predicted tokens, all in a 5-token target: P = 1, R = 0.6, F = 0.75 exactly, computed as 0.7499999999999999
+    assert rouge_l("a b c", "a b c d e") < 0.75
+    r = score_response(respond({"type": "click", "name": "a.b.c"}), Action("click", "a.b.c.d.e"), RewardConfig())
+    assert r.value == pytest.approx(750.0)
+
+
 def test_threshold_edge_is_inclusive_and_configurable():
     resp = respond({"type": "click", "name": "a.b.c.e"})  # ROUGE-L exactly 0.75 against a.b.c.d
     assert score_response(resp, CLICK, RewardConfig()).value == 750.0
