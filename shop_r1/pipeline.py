@@ -127,5 +127,9 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     (run / "results.md").write_text("```\n" + table + "\n```\n")
     (run / "results.json").write_text(json.dumps({r.label: r.metrics.to_dict() for r in reports}, indent=2))
     print("\n" + table, flush=True)
+    from shop_r1.report import make_report
+
+    report = make_report(run)
+    print(f"report: {report.markdown_path}", flush=True)
     return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft.hf_dir,
                           shop_r1_model_dir=grpo.hf_dir, table=table)

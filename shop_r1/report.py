@@ -1,0 +1,207 @@
+"""`shop-r1 report RUN_DIR`: a run's metrics JSONL files -> a Markdown summary and PNG plots.
+
+Reads what the stages wrote into the run folder: `metrics_grpo.jsonl` (one record per GRPO step), `metrics_sft.jsonl`,
+and `eval/*/metrics.json`. Writes `RUN_DIR/report/report.md` and, per figure, a PNG beside it: reward terms over
+steps, the rollouts' action-type mix (a collapse onto `terminate` shows as one band filling the plot), KL, time per
+stage, and the SFT loss. A run killed mid-write may leave a torn last line: it is skipped and reported; a malformed
+line anywhere else is an error naming FILE:LINE.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from shop_r1.rollout.metrics import REWARD_TERMS
+from shop_r1.types import ACTION_TYPES
+
+STAGES = ("rollout", "reward", "update", "weight_sync", "other")
+"""`timing/*` keys of a GRPO step that partition `timing/step` (advantages are counted in `other`)."""
+
+
+@dataclass(frozen=True)
+class MetricsLog:
+    path: Path
+    records: tuple[dict, ...]
+    torn_last_line: bool = False
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the records that carry `key`."""
+        pairs = [(int(r["step"]), float(r[key])) for r in self.records if key in r]
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def keys(self) -> set[str]:
+        return {k for r in self.records for k in r}
+
+
+def load_metrics(path: str | Path) -> MetricsLog:
+    """One tracker JSONL file. Every record must be an object with an integer `step`."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records: list[dict] = []
+    torn = False
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):  # the tracker flushes whole lines, so only a kill can cut the last one
+                torn = True
+                break
+            raise ValueError(f"{path}:{i}: not a JSON object ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise ValueError(f"{path}:{i}: expected an object with an integer 'step'")
+        records.append(record)
+    return MetricsLog(path, tuple(records), torn)
+
+
+@dataclass(frozen=True)
+class Report:
+    markdown_path: Path
+    plots: tuple[Path, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _f(v: float, digits: int = 3) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def eval_rows(run_dir: Path) -> list[dict]:
+    """`eval/*/metrics.json` in pipeline order (zero-shot, SFT, Shop-R1), then any others by name."""
+    order = {"zero_shot": 0, "sft": 1, "shop_r1": 2}
+    paths = sorted((run_dir / "eval").glob("*/metrics.json"), key=lambda p: (order.get(p.parent.name, 9), p))
+    rows = []
+    for p in paths:
+        try:
+            rows.append(json.loads(p.read_text(encoding="utf-8")))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: not JSON ({e.msg})") from None
+    return rows
+
+
+def eval_table(rows: Sequence[dict]) -> list[str]:
+    lines = ["| Setting | Exact Acc. | Type Acc. | Type F1 | Reward | n |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.get('label', '?')} | {100 * r['exact_match']:.2f}% | {100 * r['type_accuracy']:.2f}% | "
+                     f"{100 * r['type_macro_f1']:.2f}% | {_f(r.get('reward/total', float('nan')))} | {r['n']} |")
+    return lines
+
+
+def grpo_summary(log: MetricsLog) -> list[str]:
+    steps, _ = log.series("reward/total")
+    lines = [f"{len(log.records)} GRPO steps logged (steps {steps[0]}–{steps[-1]})." if steps else
+             "No GRPO step logged."]
+    if not steps:
+        return lines
+    lines += ["", "| metric | first step | last step | mean |", "|---|---:|---:|---:|"]
+    keys = [f"reward/{t}" for t in REWARD_TERMS] + [f"rollout/type_{t}" for t in (*ACTION_TYPES, "invalid")] + [
+        "rollout/response_tokens_mean", "train/kl", "train/clip_fraction", "train/zero_signal_groups",
+        "throughput/generated_tokens_per_s"]
+    for key in keys:
+        _, values = log.series(key)
+        if values:
+            lines.append(f"| `{key}` | {_f(values[0])} | {_f(values[-1])} | {_f(_mean(values))} |")
+    step_s = log.series("timing/step")[1]
+    if step_s:
+        total = sum(step_s)
+        lines += ["", "Time per stage (all steps):", "", "| stage | seconds | share of step time |", "|---|---:|---:|"]
+        for stage in STAGES:
+            s = sum(log.series(f"timing/{stage}")[1])
+            lines.append(f"| {stage} | {s:.1f} | {100 * s / total:.1f}% |")
+        lines.append(f"| **step** | {total:.1f} | 100% |")
+    return lines
+
+
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list[int], list[float]]],
+          stacked: bool = False) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {k: v for k, v in series.items() if v[0]}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if stacked:
+        steps = next(iter(series.values()))[0]
+        ax.stackplot(steps, *[v for _, v in series.values()], labels=list(series), alpha=0.85)
+        ax.set_ylim(0, max(1.0, max(sum(col) for col in zip(*[v for _, v in series.values()]))))
+    else:
+        for name, (xs, ys) in series.items():
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=name)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def grpo_plots(log: MetricsLog, out: Path) -> list[Path]:
+    made = [
+        _plot(out / "reward_terms.png", "Reward terms (mean over rollouts)", "GRPO step", "reward",
+              {t: log.series(f"reward/{t}") for t in REWARD_TERMS}),
+        _plot(out / "action_mix.png", "Action-type mix of rollouts", "GRPO step", "fraction of samples",
+              {t: log.series(f"rollout/type_{t}") for t in (*ACTION_TYPES, "invalid")}, stacked=True),
+        _plot(out / "kl.png", "KL(policy || reference), k3 estimate", "GRPO step", "KL",
+              {"train/kl": log.series("train/kl")}),
+        _plot(out / "timing.png", "Time per stage", "GRPO step", "seconds",
+              {s: log.series(f"timing/{s}") for s in STAGES}, stacked=True),
+    ]
+    return [p for p in made if p is not None]
+
+
+def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
+    """Write the report of `run_dir` (default into RUN_DIR/report). Needs at least one metrics file or eval."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"report: no run folder at {run}")
+    out = Path(out_dir) if out_dir is not None else run / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    grpo_path, sft_path = run / "metrics_grpo.jsonl", run / "metrics_sft.jsonl"
+    rows = eval_rows(run)
+    if not grpo_path.exists() and not sft_path.exists() and not rows:
+        raise FileNotFoundError(f"report: {run} has no metrics_grpo.jsonl, metrics_sft.jsonl or eval/*/metrics.json")
+
+    md = [f"# shop-r1 run report: `{run.resolve().name}`", ""]
+    plots: list[Path] = []
+    notes: list[str] = []
+    if rows:
+        md += ["## Evaluation (Table 2 style)", "", *eval_table(rows), ""]
+    if grpo_path.exists():
+        grpo = load_metrics(grpo_path)
+        if grpo.torn_last_line:
+            notes.append(f"{grpo_path}: torn last line skipped (run killed mid-write?)")
+        md += ["## GRPO", "", *grpo_summary(grpo), ""]
+        for p in grpo_plots(grpo, out):
+            plots.append(p)
+            md.append(f"![{p.stem}]({p.name})")
+        md.append("")
+    if sft_path.exists():
+        sft = load_metrics(sft_path)
+        if sft.torn_last_line:
+            notes.append(f"{sft_path}: torn last line skipped (run killed mid-write?)")
+        steps, losses = sft.series("sft/loss")
+        if losses:
+            md += ["## SFT cold start", "", f"{len(losses)} steps; loss {losses[0]:.4f} -> {losses[-1]:.4f}.", ""]
+            p = _plot(out / "sft_loss.png", "SFT loss", "SFT step", "token-mean NLL", {"sft/loss": (steps, losses)})
+            if p is not None:
+                plots.append(p)
+                md += [f"![{p.stem}]({p.name})", ""]
+    if notes:
+        md += ["## Notes", "", *[f"- {n}" for n in notes], ""]
+    path = out / "report.md"
+    path.write_text("\n".join(md), encoding="utf-8")
+    return Report(path, tuple(plots), tuple(notes))

@@ -1,0 +1,85 @@
+"""`shop-r1 report`: a hand-made run folder -> Markdown with the expected numbers, and real PNG files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shop_r1.cli import main
+from shop_r1.report import load_metrics, make_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _grpo_record(step: int, total: float, terminate: float) -> dict:
+    return {"step": step, "reward/format": 0.5, "reward/action_type": 0.3, "reward/attribute": 0.1,
+            "reward/value": 0.2, "reward/self_certainty": 0.01, "reward/total": total,
+            "rollout/type_click": 1 - terminate, "rollout/type_type_and_submit": 0.0,
+            "rollout/type_terminate": terminate, "rollout/type_invalid": 0.0, "train/kl": 0.001 * step,
+            "timing/rollout": 6.0, "timing/reward": 1.0, "timing/update": 2.0, "timing/weight_sync": 0.5,
+            "timing/other": 0.5, "timing/step": 10.0}
+
+
+def _run_folder(tmp_path: Path, torn: bool = False) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps(_grpo_record(s, t, m)) for s, t, m in [(1, 1.0, 0.25), (2, 1.5, 0.5), (3, 2.0, 0.75)]]
+    text = "\n".join(lines) + "\n" + ('{"step": 4, "reward/to' if torn else "")
+    (run / "metrics_grpo.jsonl").write_text(text)
+    (run / "metrics_sft.jsonl").write_text("\n".join(json.dumps({"step": s, "sft/loss": 3.0 - s}) for s in (1, 2)))
+    for name, label, em in [("sft", "SFT", 0.25), ("zero_shot", "Zero-shot prompting", 0.0), ("shop_r1", "Shop-R1", 0.5)]:
+        (run / "eval" / name).mkdir(parents=True)
+        (run / "eval" / name / "metrics.json").write_text(json.dumps(
+            {"label": label, "n": 8, "exact_match": em, "type_accuracy": 0.5, "type_macro_f1": 0.4,
+             "reward/total": 1.25}))
+    return run
+
+
+def test_report_numbers_plots_and_order(tmp_path):
+    run = _run_folder(tmp_path)
+    report = make_report(run)
+    md = report.markdown_path.read_text()
+    # Eval rows in pipeline order, not file-name order.
+    assert md.index("Zero-shot prompting") < md.index("| SFT |") < md.index("| Shop-R1 |")
+    assert "| Shop-R1 | 50.00% | 50.00% | 40.00% | 1.250 | 8 |" in md
+    # first / last / mean of reward/total = 1.0 / 2.0 / 1.5; terminate share 0.25 -> 0.75 (collapse visible).
+    assert "| `reward/total` | 1.000 | 2.000 | 1.500 |" in md
+    assert "| `rollout/type_terminate` | 0.250 | 0.750 | 0.500 |" in md
+    # Stage shares: rollout 3 x 6 s of 3 x 10 s = 60%; the five stages sum to the step.
+    assert "| rollout | 18.0 | 60.0% |" in md and "| weight_sync | 1.5 | 5.0% |" in md
+    assert "loss 2.0000 -> 1.0000" in md
+    names = sorted(p.name for p in report.plots)
+    assert names == ["action_mix.png", "kl.png", "reward_terms.png", "sft_loss.png", "timing.png"]
+    for p in report.plots:
+        assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 2000
+        assert f"]({p.name})" in md
+
+
+def test_torn_last_line_is_skipped_and_noted(tmp_path):
+    run = _run_folder(tmp_path, torn=True)
+    log = load_metrics(run / "metrics_grpo.jsonl")
+    assert log.torn_last_line and [r["step"] for r in log.records] == [1, 2, 3]
+    report = make_report(run)
+    assert any("torn last line" in n for n in report.notes)
+    assert "torn last line" in report.markdown_path.read_text()
+
+
+def test_malformed_middle_line_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics_grpo.jsonl"
+    path.write_text('{"step": 1, "reward/total": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics_grpo.jsonl:2: not a JSON object"):
+        load_metrics(path)
+    path.write_text('{"step": "one"}\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics_grpo.jsonl:1: expected an object with an integer 'step'"):
+        load_metrics(path)
+
+
+def test_report_cli_and_empty_folder(tmp_path, capsys):
+    run = _run_folder(tmp_path)
+    main(["report", str(run), "--out-dir", str(tmp_path / "rep")])
+    assert "report:" in capsys.readouterr().out and (tmp_path / "rep" / "report.md").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no metrics_grpo.jsonl"):
+        make_report(tmp_path / "empty")
