@@ -119,7 +119,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             batch = build_grpo_batch(scored, adv.advantages, pad_id)
             if cfg.reward.self_certainty.source == "learner_logits":
                 scored = _exact_self_certainty(scored, learners.rationale_self_certainty(
-                    batch, cfg.reward.self_certainty.direction), cfg)
+                    batch, cfg.reward.self_certainty.direction, cfg.reward.self_certainty.normalize_by_vocab), cfg)
                 rewards = torch.tensor([[r.total for r in s.rewards] for s in scored])
                 adv = group_advantages(rewards)
                 batch = build_grpo_batch(scored, adv.advantages, pad_id)

@@ -92,11 +92,14 @@ class LearnerGroup:
                 for r, s in zip(self.ranks, shares)]
         return get(refs, timeout_s=LEARNER_TIMEOUT_S)
 
-    def rationale_self_certainty(self, batch: Any, direction: str) -> list[float]:
-        return get(self.ranks[0].rationale_self_certainty.remote(batch, direction), timeout_s=LEARNER_TIMEOUT_S)
+    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
+        """Every rank runs the forward (under ZeRO-3 a forward on one rank alone would hang); rank 0's values."""
+        return get([r.rationale_self_certainty.remote(batch, direction, normalize_by_vocab) for r in self.ranks],
+                   timeout_s=LEARNER_TIMEOUT_S)[0]
 
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
-        return get(self.ranks[0].probe_logprobs.remote(batch), timeout_s=LEARNER_TIMEOUT_S)
+        """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""
+        return get([r.probe_logprobs.remote(batch) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
 
     def sync_address(self) -> tuple[str, int]:
         """Rank 0's node address and a free port there, for the weight-sync group."""

@@ -131,8 +131,9 @@ class DeepSpeedLearner:
         return out
 
     @torch.no_grad()
-    def rationale_self_certainty(self, batch: Any, direction: str) -> list[float]:
-        """Exact s(r) per response from the policy's full logits over its rationale tokens (chunked)."""
+    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
+        """Exact s(r) per response from the policy's full logits over its rationale tokens (chunked); divided by
+        the logits' width |V| when `normalize_by_vocab` (the paper's 1/|V|, as the top-k path does)."""
         from shop_r1.reward.self_certainty import kl_to_uniform_logits
 
         out = []
@@ -146,7 +147,8 @@ class DeepSpeedLearner:
                     out.append(0.0)
                     continue
                 logits = module.lm_head(hidden[b, :-1].index_select(0, positions))  # [n_rationale, V]
-                out.append(float(kl_to_uniform_logits(logits, direction).float().mean()))
+                value = float(kl_to_uniform_logits(logits, direction).float().mean())
+                out.append(value / logits.shape[-1] if normalize_by_vocab else value)
         return out
 
     def grpo_step(self, batch: Any, rl: Any) -> "GRPOStepStats":

@@ -92,3 +92,6 @@ def test_exact_self_certainty_from_learner_logits(trained):
     # rationale tokens 2 and 3 are predicted at positions 1 and 2
     expected = float(kl_to_uniform_logits(logits[1:3], "p_to_u").mean())
     assert got[0] == pytest.approx(expected, rel=1e-4) and got[1] == 0.0
+    # The paper's 1/|V| (normalize_by_vocab) divides by the logits' width, as the top-k path does.
+    normalized = learner.rationale_self_certainty(batch, "p_to_u", normalize_by_vocab=True)
+    assert normalized[0] == pytest.approx(expected / logits.shape[-1], rel=1e-4) and normalized[1] == 0.0
