@@ -23,6 +23,19 @@ def _config(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+def _out_dir(args: argparse.Namespace, cfg, *default: str) -> Path:
+    return Path(args.out_dir) if args.out_dir is not None else Path(cfg.run_dir).joinpath(*default)
+
+
+def _mirror(cfg) -> None:
+    """A command's last act: copy the run folder to `storage_uri` if one is set (a failure is an error here)."""
+    if cfg.storage_uri:
+        from shop_r1.storage import mirror_run
+
+        result = mirror_run(cfg.run_dir, cfg.storage_uri)
+        print(f"mirrored {result.num_files} files ({result.num_bytes / 1e6:.1f} MB) to {result.uri}")
+
+
 def _model(args: argparse.Namespace, cfg, command: str, what: str) -> str:
     model = args.model or cfg.model.path
     if not model:
@@ -87,10 +100,13 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     model = _model(args, cfg, "eval run", "the model to evaluate")
+    label = args.label or Path(model).name
+    out_dir = _out_dir(args, cfg, "eval", label)
     with ray_runtime(cfg.ray) as runtime:
-        report = evaluate(cfg, model, args.examples, args.out_dir, args.label or Path(model).name, runtime.local_mode)
-    print((Path(args.out_dir) / "metrics.txt").read_text())
+        report = evaluate(cfg, model, args.examples, out_dir, label, runtime.local_mode)
+    print((out_dir / "metrics.txt").read_text())
     print(f"predictions: {report.predictions_path}\nmetrics: {report.metrics_path}")
+    _mirror(cfg)
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
@@ -102,9 +118,10 @@ def cmd_sft(args: argparse.Namespace) -> None:
     model = _model(args, cfg, "sft", "the base model")
     save_config(cfg, Path(cfg.run_dir) / "config.yaml")
     with ray_runtime(cfg.ray) as runtime:
-        result = run_sft(cfg, model, args.examples, args.out_dir, runtime.local_mode)
+        result = run_sft(cfg, model, args.examples, _out_dir(args, cfg, "sft"), runtime.local_mode)
     print(f"SFT: loss {result.first_loss:.4f} -> {result.last_loss:.4f} in {result.num_steps} steps; "
           f"model {result.hf_dir}; checkpoint {result.checkpoint_dir}")
+    _mirror(cfg)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -124,10 +141,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     prompts = encode_prompts(tok, load_rl_examples(args.examples),
                              max_model_len(cfg, model) - cfg.rollout.max_new_tokens)
     with ray_runtime(cfg.ray) as runtime:
-        result = run_grpo(cfg, model, prompts, args.out_dir, runtime.local_mode, resume=args.resume,
+        result = run_grpo(cfg, model, prompts, _out_dir(args, cfg, "grpo"), runtime.local_mode, resume=args.resume,
                           pad_id=tok.pad_token_id or 0)
     print(f"GRPO: {result.num_steps} steps, mean reward {result.first_reward:.3f} -> {result.last_reward:.3f}; "
           f"policy {result.hf_dir}")
+    _mirror(cfg)
 
 
 def cmd_data_rationales(args: argparse.Namespace) -> None:
@@ -217,14 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sft", help="SFT cold start with the DeepSpeed learner group")
     p.add_argument("--model", default="", help="base model folder (default: model.path)")
     p.add_argument("--examples", required=True, type=Path, help="sft_train.jsonl from `data build`")
-    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/sft")
     _add_config_args(p)
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("train", help="GRPO with the hybrid reward (engines, reward pool, learner group)")
     p.add_argument("--model", default="", help="SFT model folder: initial policy and KL reference")
     p.add_argument("--examples", required=True, type=Path, help="rl_train.jsonl from `data build`")
-    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/grpo")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT_DIR")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
@@ -240,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = ev.add_parser("run", help="generate on held-out RL examples and report Tables 2-3 metrics")
     p.add_argument("--model", default="", help="model folder (default: model.path)")
     p.add_argument("--examples", required=True, type=Path, help="rl_test.jsonl from `data build`")
-    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/eval/LABEL")
     p.add_argument("--label", default="", help="row name in tables (default: the model folder's name)")
     _add_config_args(p)
     p.set_defaults(func=cmd_eval_run)
@@ -267,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command in ("pipeline", "sft", "train", "eval"):
+        # Which copy of the code runs: under `ray job submit` it is the uploaded working_dir, not an installed one.
+        print(f"shop-r1 code: {Path(__file__).resolve().parent}", flush=True)
     try:
         args.func(args)
     except ConfigError as e:

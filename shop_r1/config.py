@@ -207,7 +207,11 @@ class LoggingConfig:
 @dataclass
 class Config:
     run_dir: str = "runs/default"
-    """Where every artefact of a run goes (resolved config, data, models, metrics)."""
+    """Where every artefact of a run goes (resolved config, data, models, metrics, checkpoints). On a multi-node
+    cluster: a path every node sees (shared filesystem), since learner ranks write checkpoint shards there."""
+    storage_uri: str = ""
+    """Optional mirror of the run folder (s3://bucket/prefix, gs://..., file:///...), copied after every checkpoint
+    and stage (shop_r1/storage.py). Empty: the run folder is the only copy."""
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from shop_r1.config import Config, save_config
+from shop_r1.storage import mirror_or_warn, mirror_run
 
 
 def default_model_dir() -> Path:
@@ -27,11 +28,12 @@ def default_model_dir() -> Path:
 
 
 @contextmanager
-def _stage(name: str) -> Iterator[None]:
+def _stage(name: str, cfg: Config) -> Iterator[None]:
     print(f"==> {name} ...", flush=True)
     start = time.perf_counter()
     yield
     print(f"<== {name} done in {time.perf_counter() - start:.1f}s", flush=True)
+    mirror_or_warn(cfg.run_dir, cfg.storage_uri)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.data.build import build_datasets
     from shop_r1.distributed.runtime import start_ray
     from shop_r1.evaluate import comparison_table, evaluate
+    from shop_r1.report import make_report
     from shop_r1.sft import run_sft
     from shop_r1.train import run_grpo
 
@@ -93,12 +96,12 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     save_config(cfg, run / "config.yaml")
     print(f"run folder: {run.resolve()}", flush=True)
 
-    with _stage("model"):
+    with _stage("model", cfg):
         model_dir = prepare_model(cfg)
         print(f"  policy model: {model_dir}")
-    with _stage("sessions"):
+    with _stage("sessions", cfg):
         sessions_path = prepare_sessions(cfg, run)
-    with _stage("examples"):
+    with _stage("examples", cfg):
         built = build_datasets(sessions_path, run / "data", model_dir, cfg.data, seed=cfg.seed)
         print(built.render())
 
@@ -106,19 +109,19 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     local = runtime.local_mode
     reports = []
     try:
-        with _stage("zero-shot eval"):
+        with _stage("zero-shot eval", cfg):
             reports.append(evaluate(cfg, str(model_dir), built.rl_test_path, run / "eval" / "zero_shot",
                                     "Zero-shot prompting", local))
-        with _stage("SFT"):
+        with _stage("SFT", cfg):
             sft = run_sft(cfg, str(model_dir), built.sft_train_path, run / "sft", local)
             print(f"  loss {sft.first_loss:.4f} -> {sft.last_loss:.4f} over {sft.num_steps} steps")
-        with _stage("SFT eval"):
+        with _stage("SFT eval", cfg):
             reports.append(evaluate(cfg, sft.hf_dir, built.rl_test_path, run / "eval" / "sft", "SFT", local))
-        with _stage("GRPO (Shop-R1)"):
+        with _stage("GRPO (Shop-R1)", cfg):
             grpo = run_grpo(cfg, sft.hf_dir, _rl_prompts(cfg, sft.hf_dir, built.rl_train_path), run / "grpo", local,
                             pad_id=_pad_id(sft.hf_dir))
             print(f"  mean reward {grpo.first_reward:.3f} -> {grpo.last_reward:.3f} over {grpo.num_steps} steps")
-        with _stage("Shop-R1 eval"):
+        with _stage("Shop-R1 eval", cfg):
             reports.append(evaluate(cfg, grpo.hf_dir, built.rl_test_path, run / "eval" / "shop_r1", "Shop-R1", local))
     finally:
         runtime.shutdown()
@@ -127,9 +130,10 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     (run / "results.md").write_text("```\n" + table + "\n```\n")
     (run / "results.json").write_text(json.dumps({r.label: r.metrics.to_dict() for r in reports}, indent=2))
     print("\n" + table, flush=True)
-    from shop_r1.report import make_report
-
     report = make_report(run)
     print(f"report: {report.markdown_path}", flush=True)
+    if cfg.storage_uri:
+        mirrored = mirror_run(run, cfg.storage_uri)
+        print(f"mirrored {mirrored.num_files} files to {mirrored.uri}", flush=True)
     return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft.hf_dir,
                           shop_r1_model_dir=grpo.hf_dir, table=table)

@@ -29,6 +29,7 @@ from shop_r1.learner.deepspeed_learner import GRPOStepStats
 from shop_r1.reward.scorer import combine, score_response
 from shop_r1.reward.worker import ScoreFn
 from shop_r1.rollout.metrics import rollout_metrics
+from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
 from shop_r1.types import Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
@@ -154,6 +155,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                 checkpoint.save(ckpt_root, checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position,
                                                                  checkpoint.capture_rng()),
                                 config_to_dict(cfg), lambda d: learners.save_checkpoint(d, {"step": step}))
+                mirror_or_warn(cfg.run_dir, cfg.storage_uri)
         learners.save_hf(str(out / "hf"))
     finally:
         tracker.close()

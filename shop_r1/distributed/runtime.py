@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,15 @@ class RayRuntime:
             ray.shutdown()
 
 
+def _not_set_by_job(env_vars: dict[str, str]) -> dict[str, str]:
+    """`env_vars` minus the keys the submitted job's runtime env already sets (none outside a job)."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "")
+    if not raw:
+        return env_vars
+    job_env = ((json.loads(raw).get("runtime_env") or {}).get("env_vars") or {})
+    return {k: v for k, v in env_vars.items() if k not in job_env}
+
+
 def start_ray(cfg: RayConfig) -> RayRuntime:
     if cfg.local_mode:
         return RayRuntime(local_mode=True, started_here=False, address="local")
@@ -44,7 +54,9 @@ def start_ray(cfg: RayConfig) -> RayRuntime:
         return RayRuntime(local_mode=False, started_here=False, address="existing")
     address = cfg.address or os.environ.get("RAY_ADDRESS", "")
     if address:
-        ray.init(address=address, runtime_env={"env_vars": actor_env()}, log_to_driver=True)
+        # Under `ray job submit` the job's runtime env (working_dir, env_vars) is merged with ours, and Ray refuses a
+        # key set by both: the job's own values win, ours only fill in what it leaves unset.
+        ray.init(address=address, runtime_env={"env_vars": _not_set_by_job(actor_env())}, log_to_driver=True)
         return RayRuntime(local_mode=False, started_here=True, address=address)
     # A private cluster for this command, on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from
     # binding the external interface on this kind of machine).
