@@ -24,6 +24,20 @@ class RolloutEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
+def stream_offsets(pieces: Sequence[str | None], text: str) -> tuple[int, ...]:
+    """Where each token starts in `text`, from an incremental decoder's output: pieces[j] is the text released when
+    token j was fed (None while a character is incomplete, e.g. the first bytes of a multi-byte character).
+
+    Same contract as `token_offsets`, in O(T): a partial character belongs to the token that completes it (the
+    earlier tokens get empty spans); offsets are clamped to len(text) and never decrease.
+    """
+    out, length = [], 0
+    for piece in pieces:
+        out.append(min(length, len(text)))
+        length += len(piece or "")
+    return tuple(out)
+
+
 def token_offsets(prefix_texts: Sequence[str], text: str) -> tuple[int, ...]:
     """Where each token starts in `text`, from the decoded text of every token prefix (prefix_texts[j] = decode of
     tokens[:j]).

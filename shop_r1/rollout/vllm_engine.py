@@ -16,8 +16,10 @@ import gc
 import os
 from typing import Any, Iterable, Sequence
 
+from tokenizers.decoders import DecodeStream
+
 from shop_r1.config import RolloutConfig
-from shop_r1.rollout.engine import token_offsets
+from shop_r1.rollout.engine import stream_offsets, token_offsets
 from shop_r1.types import Completion, Generation, SamplingSpec
 
 
@@ -59,6 +61,8 @@ class VLLMEngine:
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        # A fast (Rust) tokenizer decodes incrementally; a slow one falls back to decoding every prefix.
+        self._decoder = getattr(self.tokenizer, "backend_tokenizer", None)
         self._vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self._version = 0
 
@@ -79,9 +83,16 @@ class VLLMEngine:
         rows = c.logprobs or [{} for _ in ids]
         sampled = tuple(float(row[t].logprob) for row, t in zip(rows, ids))
         topk = tuple(tuple(float(lp.logprob) for lp in row.values()) for row in rows)
-        prefixes = [self.tokenizer.decode(ids[:j], skip_special_tokens=True) for j in range(len(ids))]
+        # Incremental detokenization (tokenizers' DecodeStream, as vLLM's own detokenizer): O(T) per completion,
+        # where decoding every token prefix was O(T^2) and dominated the rollout time of long responses.
+        if self._decoder is not None:
+            stream = DecodeStream(skip_special_tokens=True)
+            offsets = stream_offsets([stream.step(self._decoder, t) for t in ids], c.text)
+        else:
+            offsets = token_offsets([self.tokenizer.decode(ids[:j], skip_special_tokens=True)
+                                     for j in range(len(ids))], c.text)
         return Completion(token_ids=tuple(ids), text=c.text, logprobs=sampled, topk_logprobs=topk,
-                          token_offsets=token_offsets(prefixes, c.text), finish_reason=str(c.finish_reason),
+                          token_offsets=offsets, finish_reason=str(c.finish_reason),
                           policy_version=self._version)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
