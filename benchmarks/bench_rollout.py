@@ -19,15 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def make_prompts(model_dir: str, num: int, max_prompt_tokens: int) -> list[list[int]]:
+from common import emit, model_dir  # noqa: E402
+
+
+def make_prompts(model: str, num: int, max_prompt_tokens: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import build_rl_examples, chat_token_counter
     from shop_r1.data.synth import synthesize_sessions
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model)
     examples = build_rl_examples(synthesize_sessions(num, seed=0), "whole_session", max_prompt_tokens,
                                  chat_token_counter(tok)).examples[:num]
     return [list(p.token_ids) for p in encode_prompts(tok, examples, max_prompt_tokens)]
@@ -87,15 +91,13 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--prompts-file", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
     if args.direct:
         direct(args)
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench_rollout_"))
-    if not args.model:
-        from shop_r1.models.tiny import build_tiny_model
-
-        args.model = str(build_tiny_model(tmp / "tiny"))
+    args.model = model_dir(args.model or "tiny", tmp)
     prompts = make_prompts(args.model, args.prompts, args.max_prompt_tokens)
     (tmp / "prompts.json").write_text(json.dumps(prompts))
     child = subprocess.run([sys.executable, __file__, "--direct", "--model", args.model, "--prompts-file",
@@ -108,7 +110,7 @@ def main() -> None:
               "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
               "direct_tokens_per_s": d["tokens"] / d["seconds"], "group_tokens_per_s": g["tokens"] / g["seconds"]}
     result["ratio_group_over_direct"] = result["group_tokens_per_s"] / result["direct_tokens_per_s"]
-    print(json.dumps(result, indent=2))
+    emit(result, args.json_out)
 
 
 if __name__ == "__main__":

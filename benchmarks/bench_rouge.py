@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
+from pathlib import Path
 
 from rouge_score import rouge_scorer
 
@@ -19,6 +21,10 @@ from shop_r1.reward.rouge import rouge_l
 VOCAB = ["search_results", "refinements", "brand", "price", "view_product", "add_to_cart", "waterproof", "hiking",
          "backpack", "running", "shoes", "trail", "men", "women", "size", "10", "black", "red", "wireless", "earbuds",
          "noise", "cancelling", "under", "50", "stainless", "steel", "water", "bottle", "insulated", "32oz"]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit  # noqa: E402
 
 
 def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -35,6 +41,7 @@ def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=20000)
+    parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
     pairs = make_pairs(args.pairs)
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
@@ -49,7 +56,7 @@ def main() -> None:
     result = {"pairs": len(pairs), "shop_r1_pairs_per_s": len(pairs) / t_ours,
               "rouge_score_pairs_per_s": len(pairs) / t_theirs, "speedup": t_theirs / t_ours,
               "mismatches": mismatches}
-    print(json.dumps(result, indent=2))
+    emit(result, args.json_out)
     if mismatches:
         raise SystemExit(f"{mismatches} pairs differ from rouge-score")
 

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit, model_dir  # noqa: E402
 
 
 def raw_broadcast_seconds(num_bytes: int, repeats: int = 3) -> float:
@@ -53,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -65,10 +71,7 @@ def main() -> None:
     from shop_r1.train import run_grpo
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_sync_"))
-    if not args.model:
-        from shop_r1.models.tiny import build_tiny_model
-
-        args.model = str(build_tiny_model(tmp / "tiny"))
+    args.model = model_dir(args.model or "tiny", tmp)
     tok = AutoTokenizer.from_pretrained(args.model)
     examples = build_rl_examples(synthesize_sessions(8, 0), "whole_session", 1000, chat_token_counter(tok)).examples
     prompts = encode_prompts(tok, examples, 1000)
@@ -94,7 +97,7 @@ def main() -> None:
         "share_by_stage": {k: sum(r[f"timing/{k}"] for r in rows) / len(rows) / step
                            for k in ("rollout", "reward", "advantages", "update", "weight_sync", "other")},
     }
-    print(json.dumps(result, indent=2))
+    emit(result, args.json_out)
 
 
 if __name__ == "__main__":

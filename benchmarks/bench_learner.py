@@ -1,0 +1,149 @@
+"""Learner throughput: the learner group (DeepSpeed ranks as Ray actors, with the frozen reference) against a bare
+DeepSpeed loop on the same GRPO batches.
+
+The bare loop is what one would write by hand in a single process: `deepspeed.initialize` with the same config and
+optimizer, the reference forward, a full-vocabulary log-softmax, the same GRPO loss (`shop_r1.algo.grpo_loss`),
+`backward`, `step`. The learner group adds the Ray hop (the batch is pickled to the actor), token-budget
+micro-batching, and computes the LM head only at completion positions. Both run the same number of warm-up and
+timed steps on identical batches; reported: training tokens/s (prompt + completion tokens through forward and
+backward) for each, and the ratio group/bare.
+
+Run: python benchmarks/bench_learner.py [--model tiny|smollm2|DIR] [--batch 8] [--prompt-tokens 512]
+     [--completion-tokens 64] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit, model_dir, run_child  # noqa: E402
+
+
+def make_batch(args: argparse.Namespace, vocab: int, seed: int):
+    import torch
+
+    from shop_r1.algo.batch import GRPOBatch
+
+    g = torch.Generator().manual_seed(seed)
+    t = args.prompt_tokens + args.completion_tokens
+    ids = torch.randint(0, vocab, (args.batch, t), generator=g)
+    completion = torch.zeros(args.batch, t, dtype=torch.long)
+    completion[:, args.prompt_tokens:] = 1
+    return GRPOBatch(ids, torch.ones(args.batch, t, dtype=torch.long), completion, torch.zeros_like(completion),
+                     torch.randn(args.batch, generator=g), torch.zeros(args.batch, t))
+
+
+def _vocab(model: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(model))
+
+
+def bare(args: argparse.Namespace) -> dict:
+    """Child process: the hand-written DeepSpeed GRPO loop."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from shop_r1.algo.grpo_loss import grpo_loss
+    from shop_r1.config import LearnerConfig, RLConfig
+    from shop_r1.learner.deepspeed_learner import _ensure_dist_env, deepspeed_config
+
+    _ensure_dist_env(0, 1)
+    gpu = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo")
+    cfg, rl = LearnerConfig(zero_stage=args.zero_stage), RLConfig()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-6),
+                                      config=deepspeed_config(cfg, bf16=gpu))
+    ref = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if gpu else torch.float32)
+    ref = ref.to(engine.device).eval().requires_grad_(False)
+
+    def logprobs(m, ids, mask):
+        logits = m(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        return torch.nn.functional.pad(lp, (1, 0))
+
+    def step(batch) -> None:
+        ids, mask = batch.input_ids.to(engine.device), batch.attention_mask.to(engine.device)
+        comp = batch.completion_mask.to(engine.device)
+        with torch.no_grad():
+            ref_lp = logprobs(ref, ids, mask)
+        lp = logprobs(engine.module, ids, mask)
+        out = grpo_loss(lp, lp.detach(), ref_lp, batch.advantages.to(engine.device), comp, rl.clip_eps, rl.clip_eps,
+                        rl.kl_beta, "token")
+        engine.backward(out.loss)
+        engine.step()
+
+    return _timed(args, step)
+
+
+def group(args: argparse.Namespace) -> dict:
+    """Child process: the learner group through Ray, as train.py drives it."""
+    from shop_r1.config import LearnerConfig, RayConfig, RLConfig
+    from shop_r1.distributed.learner_group import LearnerGroup
+    from shop_r1.distributed.runtime import start_ray
+
+    runtime = start_ray(RayConfig())
+    try:
+        cfg = LearnerConfig(zero_stage=args.zero_stage, num_cpus_per_rank=os.cpu_count() or 1,
+                            max_tokens_per_micro_batch=args.batch * (args.prompt_tokens + args.completion_tokens))
+        learners = LearnerGroup(args.model, cfg, 1e-6, 100, 0, local=False, reference_path=args.model)
+        rl = RLConfig()
+        result = _timed(args, lambda batch: learners.grpo_step(batch, rl))
+        learners.shutdown()
+    finally:
+        runtime.shutdown()
+    return result
+
+
+def _timed(args: argparse.Namespace, step) -> dict:
+    vocab = _vocab(args.model)
+    batches = [make_batch(args, vocab, seed) for seed in range(args.warmup + args.steps)]
+    for b in batches[:args.warmup]:
+        step(b)
+    start = time.perf_counter()
+    for b in batches[args.warmup:]:
+        step(b)
+    seconds = time.perf_counter() - start
+    tokens = args.steps * args.batch * (args.prompt_tokens + args.completion_tokens)
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--batch", type=int, default=8, help="responses per GRPO step")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--completion-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--zero-stage", type=int, default=0)
+    parser.add_argument("--side", choices=("bare", "group"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--json-out", default="")
+    args = parser.parse_args()
+    if args.side is not None:
+        emit(bare(args) if args.side == "bare" else group(args), args.json_out)
+        return
+    args.model = model_dir(args.model, Path(tempfile.mkdtemp(prefix="bench_learner_")))
+    common = [__file__, "--model", args.model, "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
+              "--completion-tokens", str(args.completion_tokens), "--steps", str(args.steps), "--warmup",
+              str(args.warmup), "--zero-stage", str(args.zero_stage)]
+    b = run_child([*common, "--side", "bare"], timeout_s=3600)
+    g = run_child([*common, "--side", "group"], timeout_s=3600)
+    emit({"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+          "completion_tokens": args.completion_tokens, "steps": args.steps, "zero_stage": args.zero_stage,
+          "bare_tokens_per_s": b["tokens_per_s"], "group_tokens_per_s": g["tokens_per_s"],
+          "ratio_group_over_bare": g["tokens_per_s"] / b["tokens_per_s"]}, args.json_out)
+
+
+if __name__ == "__main__":
+    main()

