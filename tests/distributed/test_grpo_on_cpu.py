@@ -88,3 +88,24 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
     wa, wb = _weights(tmp_path / "a" / "rl" / "hf"), _weights(tmp_path / "b" / "rl" / "hf")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)  # the same weights
+
+
+@pytest.mark.slow
+def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
+    """K = 2 DeepSpeed ranks under ZeRO-3: every rank takes part in the full-weight gather for the sync, the
+    engine then computes the learner's logprobs, and the learner_logits self-certainty forward runs on both ranks
+    (one rank alone would hang)."""
+    _register_by_value()
+    pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
+    cfg = _cfg(tmp_path, 2)
+    cfg.learner.num_ranks, cfg.learner.zero_stage, cfg.learner.num_cpus_per_rank = 2, 3, 0.5
+    cfg.reward.self_certainty.source = "learner_logits"
+    result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad,
+                      score_fn=variety_reward)
+    assert result.num_steps == 2
+    logged = [json.loads(line) for line in (tmp_path / "metrics_grpo.jsonl").read_text().splitlines()]
+    for r in logged:
+        assert r["policy_version"] == r["step"]
+        assert r["weight_sync/check_max_abs_logprob_diff"] < 1e-4
+    before, after = _weights(tiny_model_dir), _weights(tmp_path / "rl" / "hf")
+    assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
