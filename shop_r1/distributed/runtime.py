@@ -52,7 +52,10 @@ def start_ray(cfg: RayConfig) -> RayRuntime:
 
     if ray.is_initialized():
         return RayRuntime(local_mode=False, started_here=False, address="existing")
-    address = cfg.address or os.environ.get("RAY_ADDRESS", "")
+    # RAY_ADDRESS (set by `ray job submit` for the job's driver) names this job's cluster: it wins over `auto`,
+    # which would otherwise look for whichever head was started last on this machine.
+    env_address = os.environ.get("RAY_ADDRESS", "")
+    address = env_address if cfg.address in ("", "auto") and env_address else cfg.address
     if address:
         # Under `ray job submit` the job's runtime env (working_dir, env_vars) is merged with ours, and Ray refuses a
         # key set by both: the job's own values win, ours only fill in what it leaves unset.
