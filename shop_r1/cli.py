@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command in ("pipeline", "sft", "train", "eval"):
         # Which copy of the code runs: under `ray job submit` it is the uploaded working_dir, not an installed one.
-        print(f"shop-r1 code: {Path(__file__).resolve().parent}", flush=True)
+        # stderr: stdout stays machine-readable (`eval metrics --json`).
+        print(f"shop-r1 code: {Path(__file__).resolve().parent}", file=sys.stderr, flush=True)
     try:
         args.func(args)
     except ConfigError as e:

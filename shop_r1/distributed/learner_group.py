@@ -27,14 +27,6 @@ def _node_address_and_free_port() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
-def _node_address_and_free_port_local() -> tuple[str, int]:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return "127.0.0.1", s.getsockname()[1]
-
-
 class LearnerGroup:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, seed: int, local: bool,
                  warmup_steps: int = 0, reference_path: str | None = None, learner_cls: type | None = None) -> None:
@@ -64,7 +56,6 @@ class LearnerGroup:
                                "learner.num_cpus_per_rank / num_gpus_per_rank or add nodes") from None
         probe = ray.remote(num_cpus=0)(_node_address_and_free_port).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0))
-        self._probe = probe
         master_addr, master_port = ray.get(probe.remote())
         self.ranks = []
         for rank in range(cfg.num_ranks):
@@ -100,14 +91,6 @@ class LearnerGroup:
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
         """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""
         return get([r.probe_logprobs.remote(batch) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
-
-    def sync_address(self) -> tuple[str, int]:
-        """Rank 0's node address and a free port there, for the weight-sync group."""
-        if self._pg is None:
-            return _node_address_and_free_port_local()
-        import ray
-
-        return ray.get(self._probe.remote())
 
     def eval_loss(self, micro_batches: Sequence[Any]) -> float:
         """Every rank evaluates the same batches (ZeRO-3 forwards need all ranks); rank 0's value is returned."""

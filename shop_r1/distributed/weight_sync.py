@@ -26,7 +26,7 @@ class SyncStats:
 class BroadcastSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str) -> None:
         self.learners, self.engines = learners, engines
-        addr, port = learners.sync_address()
+        addr, port = get(learners.ranks[0].open_weight_sync_store.remote())
         spec = SyncGroupSpec(addr, port, world_size=1 + len(engines.engines), backend=backend)
         get([learners.ranks[0].init_weight_sender.remote(spec)]
             + [e.init_weight_receiver.remote(spec, i + 1) for i, e in enumerate(engines.engines)],

@@ -205,11 +205,23 @@ class DeepSpeedLearner:
         return make_manifest(((n, tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape), dtype)
                               for n, p in self.engine.module.named_parameters()), bucket_bytes)
 
+    def open_weight_sync_store(self, timeout_s: float = 600.0) -> tuple[str, int]:
+        """Rank 0 opens the sync group's store on a port the OS picks; returns (this node's address, the port)."""
+        from shop_r1.weight_sync.broadcast import open_master_store
+
+        if self.rank != 0:
+            raise RuntimeError("the weight-sync store lives on learner rank 0")
+        import ray
+
+        addr = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        self._sync_store = open_master_store(addr, timeout_s)
+        return addr, self._sync_store.port
+
     def init_weight_sender(self, spec: Any) -> None:
         from shop_r1.weight_sync.broadcast import WeightSender
 
         if self.rank == 0:
-            self._sender = WeightSender(spec, self.device)
+            self._sender = WeightSender(spec, self.device, store=getattr(self, "_sync_store", None))
 
     def broadcast_weights(self, manifest: Any) -> int:
         """Every rank must call (ZeRO-3 gathers); rank 0 sends. Returns bytes sent (0 on other ranks)."""

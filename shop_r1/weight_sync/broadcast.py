@@ -65,11 +65,23 @@ def make_manifest(named: Iterable[tuple[str, tuple[int, ...], torch.dtype]], buc
     return Manifest(tuple(tuple(b) for b in buckets))
 
 
-def _process_group(spec: SyncGroupSpec, rank: int):
+def open_master_store(master_addr: str, timeout_s: float = 600.0):
+    """The sync group's TCPStore, opened by the sender before anyone joins, on a port the OS picks while binding.
+
+    Its `.port` goes into the SyncGroupSpec. A port picked in advance (bind to 0, close, hand it on) can be taken by
+    any outgoing connection on the node before the store listens on it (seen under a busy Ray head: EADDRINUSE).
+    """
     import torch.distributed as dist
 
-    store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=rank == 0,
-                          timeout=timedelta(seconds=spec.timeout_s))
+    return dist.TCPStore(master_addr, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def _process_group(spec: SyncGroupSpec, rank: int, store=None):
+    import torch.distributed as dist
+
+    if store is None:
+        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=spec.timeout_s))
     prefixed = dist.PrefixStore("shop_r1_weight_sync", store)
     if spec.backend == "nccl":
         return store, dist.ProcessGroupNCCL(prefixed, rank, spec.world_size)
@@ -79,8 +91,9 @@ def _process_group(spec: SyncGroupSpec, rank: int):
 class WeightSender:
     """Rank 0 of the sync group, living in learner rank 0."""
 
-    def __init__(self, spec: SyncGroupSpec, device: torch.device) -> None:
-        self._store, self._pg = _process_group(spec, rank=0)
+    def __init__(self, spec: SyncGroupSpec, device: torch.device, store=None) -> None:
+        """`store`: the one `open_master_store` opened for spec.master_port; without it the store is opened here."""
+        self._store, self._pg = _process_group(spec, rank=0, store=store)
         self.device = device
 
     def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:

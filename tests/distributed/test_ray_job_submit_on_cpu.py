@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -45,6 +46,16 @@ def _env() -> dict[str, str]:
 def _ray(*args: str, timeout_s: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "ray"), *args], cwd=cwd, env=_env(), capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+def _terminal_state(status_output: str) -> str | None:
+    """The job's terminal state from `ray job status` output, or None while it runs.
+
+    Ray prints either "Status for job 'X': SUCCEEDED" or "Job 'X' succeeded" depending on version and terminal.
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", status_output).lower()
+    match = re.search(r"\b(succeeded|failed|stopped)\b", text)
+    return match.group(1) if match else None
 
 
 @pytest.fixture
@@ -105,14 +116,15 @@ def test_ray_job_submit_trains_on_a_local_head(ray_head, job_inputs, tiny_model_
                      "--model", str(tiny_model_dir), "--examples", str(shared / "data" / "rl_train.jsonl"))
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
 
-    deadline, status = time.monotonic() + 780, ""
+    deadline, status, state = time.monotonic() + 780, "", None
     while time.monotonic() < deadline:
         status = _ray("job", "status", f"--address={ray_head}", job_id, timeout_s=60).stdout
-        if any(s in status for s in ("SUCCEEDED", "FAILED", "STOPPED")):
+        state = _terminal_state(status)
+        if state is not None:
             break
         time.sleep(5)
     logs = _ray("job", "logs", f"--address={ray_head}", job_id, timeout_s=60).stdout
-    assert "SUCCEEDED" in status, f"job status:\n{status}\nlogs:\n{logs[-6000:]}"
+    assert state == "succeeded", f"job status:\n{status}\nlogs:\n{logs[-6000:]}"
 
     # The job ran the uploaded code, not the checkout: the code path printed is inside Ray's unpacked working_dir.
     code_line = next(line for line in logs.splitlines() if line.startswith("shop-r1 code: "))
@@ -163,3 +175,10 @@ def test_runtime_env_uploads_only_code(tmp_path):
     names = _package(REPO, tmp_path / "repo.zip")
     assert not [n for n in names if n.startswith((".venv/", "runs/"))]
     assert (tmp_path / "repo.zip").stat().st_size < 5 * 2**20
+
+
+def test_terminal_state_reads_both_status_formats():
+    assert _terminal_state("Job 'x' is currently running.") is None
+    assert _terminal_state("\x1b[32mJob 'shop-r1-test-1' succeeded\x1b[39m") == "succeeded"
+    assert _terminal_state("Status for job 'x': SUCCEEDED") == "succeeded"
+    assert _terminal_state("Job 'x' failed\nStatus message: ...") == "failed"
