@@ -70,7 +70,7 @@ def side_trl(args: argparse.Namespace) -> dict:
     batch = args.prompts * args.n
     config = GRPOConfig(output_dir=str(Path(args.tmp) / "trl"), use_cpu=not torch.cuda.is_available(),
                         bf16=torch.cuda.is_available(), per_device_train_batch_size=batch, num_generations=args.n,
-                        generation_batch_size=batch, steps_per_generation=1, num_iterations=1,
+                        steps_per_generation=1, num_iterations=1,
                         gradient_accumulation_steps=1, max_completion_length=args.max_new_tokens, max_steps=args.steps,
                         learning_rate=LR, beta=BETA, epsilon=EPS, temperature=1.0, logging_steps=1,
                         report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0, disable_dropout=True)

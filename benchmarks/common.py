@@ -48,10 +48,13 @@ def rl_examples(model: str, num: int, max_prompt_tokens: int, seed: int = 0) -> 
     tok = AutoTokenizer.from_pretrained(model)
     sessions = max(4, num)
     while True:
-        examples = build_rl_examples(synthesize_sessions(sessions, seed=seed), "whole_session", max_prompt_tokens,
-                                     chat_token_counter(tok)).examples
-        if len(examples) >= num:
-            return examples[:num]
+        built = build_rl_examples(synthesize_sessions(sessions, seed=seed), "whole_session", max_prompt_tokens,
+                                  chat_token_counter(tok))
+        if len(built.examples) >= num:
+            return list(built.examples[:num])
+        if not built.examples and sessions >= 64:
+            raise ValueError(f"no RL example fits max_prompt_tokens={max_prompt_tokens} with {model}: the current page "
+                             f"alone is longer in all {len(built.over_budget_ids)} candidates; raise it")
         sessions *= 2
 
 

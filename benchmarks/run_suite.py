@@ -36,7 +36,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "trl_tiny": ("bench_trl.py", ["--model", "tiny", "--prompts", "2", "--n", "4", "--steps", "4",
                                   "--max-new-tokens", "48", "--max-prompt-tokens", "1200"],
                  ["--model", "tiny", "--prompts", "1", "--n", "4", "--steps", "2", "--max-new-tokens", "16",
-                  "--max-prompt-tokens", "600"]),
+                  "--max-prompt-tokens", "1200"]),
 }
 QUICK_SKIPS = {"trl_smollm2"}
 
