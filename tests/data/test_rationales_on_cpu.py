@@ -4,7 +4,6 @@
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from procs import stop_session
 
 from shop_r1.data.rationales import RationaleError, build_messages, clean_answer, synthesize_rationales
 from shop_r1.data.sessions import load_sessions, write_sessions
@@ -106,12 +106,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
         print(f"\nvllm serve of the tiny model ready in {time.monotonic() - started:.1f} s")
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_session(proc, grace_s=30)
 
 
 def test_fills_only_missing_rationales_through_vllm_serve(vllm_server, tmp_path):

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from procs import stop_session
 
 from shop_r1.cli import main as shop_r1_main
 
@@ -44,7 +44,7 @@ def _env() -> dict[str, str]:
 
 
 def _ray(*args: str, timeout_s: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "ray"), *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+    return subprocess.run([str(BIN / "ray"), *args], check=False, cwd=cwd, env=_env(), capture_output=True, text=True,
                           timeout=timeout_s)
 
 
@@ -79,12 +79,7 @@ def ray_head(tmp_path_factory):
             time.sleep(2)
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        stop_session(head, grace_s=60)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
