@@ -23,9 +23,11 @@ class ConfigError(ValueError):
 
 @dataclass
 class SelfCertaintyConfig:
-    source: Literal["topk_logprobs", "learner_logits"] = "topk_logprobs"
-    """Where s(r) comes from: the top-k logprobs the rollout engine returns (a lower bound on KL(p||U)), or exact,
-    from the learner's full logits."""
+    source: Literal["topk_logprobs", "learner_logits"] = "learner_logits"
+    """Where s(r), defined on the model's temperature-1 distribution, comes from: exact, from the learner's full
+    logits at temperature 1 (one extra no-grad forward per step), or estimated from the top-k logprobs the rollout
+    engine returns (a lower bound on KL(p||U)); the engines return the *sampling* distribution's logprobs, so
+    `topk_logprobs` needs rollout.temperature = 1."""
     direction: Literal["p_to_u", "u_to_p"] = "p_to_u"
     """KL(p||U) as in the paper's Eq. 3, or KL(U||p) as in the self-certainty papers (exact source only)."""
     normalize_by_vocab: bool = False
@@ -154,8 +156,16 @@ class RewardPoolConfig:
     num_workers: int = 2
     """Reward actors, separate from the engines."""
     timeout_s: float = 30.0
-    """A chunk not scored in this time is re-scored one response at a time; a response that hangs again gets the
-    documented fallback (reward 0, counted in `reward/num_failed`)."""
+    """Scoring time of one chunk, counted only once its worker is ready (see ready_timeout_s). A chunk not scored in
+    this time, or whose worker dies, is re-scored one response at a time on a ready worker, each with this full
+    budget; a response that hangs or crashes again gets the documented fallback (reward 0, counted in
+    `reward/num_failed`)."""
+    ready_timeout_s: float = 300.0
+    """How long a freshly started reward worker may take to become ready (start and imports; seconds under load).
+    A worker not ready in this time is an error that stops the run, not a fallback."""
+    max_failed_fraction: float = 0.05
+    """A step whose share of fallback rewards (timeouts, crashes, scorer errors) exceeds this stops the run with an
+    error naming the cause; 1.0 turns the check off."""
     num_cpus_per_worker: float = 0.5
 
 

@@ -26,9 +26,11 @@ from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.weight_sync import make_weight_sync
 from shop_r1.learner.deepspeed_learner import GRPOStepStats
-from shop_r1.reward.scorer import combine, score_response
+from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn
 from shop_r1.rollout.metrics import rollout_metrics
+from shop_r1.rollout.records import check_policy_versions, rollout_records
+from shop_r1.reward.failures import check_failed_fraction, failure_counts
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
 from shop_r1.types import Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
@@ -46,16 +48,35 @@ class GRPOResult:
     seconds: float
 
 
-def _exact_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
-                          ) -> list[ScoredGeneration]:
-    """Replace the top-k estimate of s(r) by the learner's exact value and re-form each total."""
-    it = iter(certainty)
-    out = []
+def check_sampling_config(cfg: Config) -> None:
+    """s(r) is defined on the temperature-1 distribution, but the engines return the sampling distribution's
+    logprobs (temperature T): the top-k estimate is only that of s(r) when T = 1."""
+    from shop_r1.config import ConfigError
+
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature}: GRPO samples, so it must be > 0")
+    if cfg.reward.self_certainty.source == "topk_logprobs" and cfg.rollout.temperature != 1.0:
+        raise ConfigError(f"reward.self_certainty.source=topk_logprobs needs rollout.temperature=1 (got "
+                          f"{cfg.rollout.temperature}): the engines' top-k logprobs are those of the sampling "
+                          "distribution; use reward.self_certainty.source=learner_logits (exact, at temperature 1)")
+
+
+def with_learner_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
+                                ) -> list[ScoredGeneration]:
+    """certainty[i] (one per response, in batch order) replaces the i-th response's s(r); totals re-formed."""
+    if len(certainty) != sum(len(s.rewards) for s in scored):
+        raise ValueError(f"{len(certainty)} self-certainty values for {sum(len(s.rewards) for s in scored)} responses")
+    out, start = [], 0
     for s in scored:
-        rewards = tuple(combine(r.format, r.action_type, r.attribute, r.value, next(it) if r.format_valid else 0.0,
-                                cfg.reward, r.format_valid) for r in s.rewards)
-        out.append(dataclasses.replace(s, rewards=rewards))
+        stop = start + len(s.rewards)
+        out.append(dataclasses.replace(s, rewards=tuple(with_exact_self_certainty(s.rewards, certainty[start:stop],
+                                                                                  cfg.reward))))
+        start = stop
     return out
+
+
+def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
+    return torch.tensor([[r.total for r in s.rewards] for s in scored], dtype=torch.float64)  # [P, G]
 
 
 def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Prompt, step: int, pad_id: int
@@ -67,7 +88,7 @@ def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Promp
     gen = engines.generate([probe.token_ids], SamplingSpec(n=1, temperature=0.0, max_new_tokens=16,
                                                            top_k_logprobs=0))[0]
     scored = ScoredGeneration(probe, gen, tuple(RewardBreakdown() for _ in gen.completions))
-    batch = build_grpo_batch([scored], torch.zeros(1, len(gen.completions)), pad_id)
+    batch = build_grpo_batch([scored], torch.zeros(1, len(gen.completions), dtype=torch.float64), pad_id)
     ours = learners.probe_logprobs(batch)[0]
     theirs = gen.completions[0].logprobs
     diff = max((abs(a - b) for a, b in zip(ours, theirs)), default=0.0)
@@ -82,6 +103,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     """
     from shop_r1.evaluate import max_model_len
 
+    check_sampling_config(cfg)
     start_time = time.perf_counter()
     out, group_size = Path(out_dir), cfg.rollout.group_size
     prompts_per_step = max(1, cfg.rl.global_batch_size // group_size)
@@ -102,6 +124,8 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg))
     out.mkdir(parents=True, exist_ok=True)
     batches_log = open(out / "batches.jsonl", "a", encoding="utf-8")
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    rollouts_log = open(Path(cfg.run_dir) / "rollouts.jsonl", "a", encoding="utf-8")
     rewards_seen: list[float] = []
     try:
         while step < cfg.rl.steps:
@@ -115,15 +139,16 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             rollout = engines.generate_scored(batch_prompts, spec, pool)                    # generate + score
             scored = rollout.scored
             t1 = time.perf_counter()
-            rewards = torch.tensor([[r.total for r in s.rewards] for s in scored])          # [P, G]
-            adv = group_advantages(rewards)                                                  # advantages
-            batch = build_grpo_batch(scored, adv.advantages, pad_id)
-            if cfg.reward.self_certainty.source == "learner_logits":
-                scored = _exact_self_certainty(scored, learners.rationale_self_certainty(
-                    batch, cfg.reward.self_certainty.direction, cfg.reward.self_certainty.normalize_by_vocab), cfg)
-                rewards = torch.tensor([[r.total for r in s.rewards] for s in scored])
-                adv = group_advantages(rewards)
-                batch = build_grpo_batch(scored, adv.advantages, pad_id)
+            version = check_policy_versions(scored, expected=step - 1)  # sampled by the weights pushed last
+            check_failed_fraction([r for s in scored for r in s.rewards], cfg.reward_pool.max_failed_fraction,
+                                  where=f"GRPO step {step}")
+            if cfg.reward.self_certainty.source == "learner_logits":                      # exact s(r), T = 1
+                unscored = build_grpo_batch(scored, torch.zeros(len(scored), group_size, dtype=torch.float64),
+                                            pad_id, spec.temperature)
+                scored = with_learner_self_certainty(scored, learners.rationale_self_certainty(
+                    unscored, cfg.reward.self_certainty.direction, cfg.reward.self_certainty.normalize_by_vocab), cfg)
+            adv = group_advantages(_rewards(scored))                                         # advantages
+            batch = build_grpo_batch(scored, adv.advantages, pad_id, spec.temperature)
             if cfg.rl.drop_zero_signal_groups:
                 batch = batch.select([p * group_size + g for p in range(len(scored)) if not adv.zero_signal[p]
                                       for g in range(group_size)])
@@ -134,9 +159,12 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             synced = sync.push(step)                                                         # weight sync
             t4 = time.perf_counter()
             metrics = rollout_metrics(scored)                                                # log
+            metrics.update(failure_counts([r for s in scored for r in s.rewards]))
             metrics.update({"train/skipped_update": float(update is SKIPPED), "train/loss": update.loss, "train/kl": update.kl, "train/clip_fraction":
                             update.clip_fraction, "train/ratio_mean": update.ratio_mean, "train/grad_norm":
                             update.grad_norm, "train/zero_signal_groups": adv.num_zero_signal_groups,
+                            "train/sampler_logprob_abs_diff_mean": update.sampler_logprob_abs_diff_mean,
+                            "train/sampler_logprob_abs_diff_max": update.sampler_logprob_abs_diff_max,
                             "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
                             "timing/advantages": t2 - t1,
                             "timing/update": t3 - t2, "timing/weight_sync": t4 - t3, "timing/step": t4 - t0,
@@ -144,12 +172,14 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                                                          + (t4 - t3)),
                             "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
                                                                      for c in s.generation.completions) / (t1 - t0),
-                            "weight_sync/bytes": synced.num_bytes, "policy_version": step})
+                            "weight_sync/bytes": synced.num_bytes, "policy_version": version})
             if cfg.rl.check_weight_sync:
                 metrics.update(check_weight_sync(engines, learners, batch_prompts[0], step, pad_id))
             tracker.log(step, metrics)
             batches_log.write(json.dumps({"step": step, "example_ids": [p.example_id for p in batch_prompts]}) + "\n")
             batches_log.flush()
+            rollouts_log.writelines(json.dumps(r) + "\n" for r in rollout_records(step, scored, adv.advantages.tolist()))
+            rollouts_log.flush()
             rewards_seen.append(metrics["reward/total"])
             if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint
                 checkpoint.save(ckpt_root, checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position,
@@ -160,6 +190,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     finally:
         tracker.close()
         batches_log.close()
+        rollouts_log.close()
         engines.shutdown()
         pool.shutdown()
         learners.shutdown()

@@ -187,9 +187,10 @@ class SamplingSpec:
 class Completion:
     """One sampled response and the engine's view of it, token by token.
 
-    logprobs[j] is the logprob of the sampled token j under the temperature-1 distribution of the weights that
-    produced it (`policy_version`); topk_logprobs[j] holds distinct tokens' logprobs (the top-k plus the sampled
-    token when it is not among them); token_offsets[j] is where token j's text starts in `text`.
+    logprobs[j] is the logprob of the sampled token j under the distribution it was sampled from (softmax of the
+    logits / temperature; temperature 1 for greedy) of the weights that produced it (`policy_version`);
+    topk_logprobs[j] holds distinct tokens' logprobs of that distribution (the top-k plus the sampled token when it
+    is not among them); token_offsets[j] is where token j's text starts in `text`.
     """
 
     token_ids: tuple[int, ...]  # [T]

@@ -28,6 +28,8 @@ from shop_r1.learner.sft_data import MicroBatch
 
 @dataclass(frozen=True)
 class GRPOStepStats:
+    """One GRPO update, every figure over the *global* batch (all ranks; token-weighted where per token)."""
+
     loss: float
     kl: float
     clip_fraction: float
@@ -35,6 +37,10 @@ class GRPOStepStats:
     grad_norm: float
     num_tokens: int
     step: int
+    sampler_logprob_abs_diff_mean: float = 0.0
+    """Mean |engine logprob - learner logprob| of the sampled tokens, both at the sampling temperature, under the
+    weights that sampled them (before this update): 0 up to numerics when the engines run the learner's policy."""
+    sampler_logprob_abs_diff_max: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -120,20 +126,40 @@ class DeepSpeedLearner:
     # ------------------------------------------------------------------------------------------------ GRPO
 
     def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
-        """[b, T] logprob of each completion token under `model` (0 elsewhere)."""
-        return self._target_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+        """[b, T] logprob of each completion token under `model` at the batch's sampling temperature (0 elsewhere):
+        log softmax(logits / T), the distribution the engine sampled from (as TRL and verl score it)."""
+        return self._target_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask,
+                                     batch.temperature)
 
     def _micro_batches(self, batch: Any) -> list[Any]:
-        rows, out, width = [], [], int(batch.input_ids.shape[1])
+        """This rank's micro-batches, padded with empty ones to the largest count over all ranks.
+
+        Under ZeRO every forward and backward is a collective, so every rank must make the same number of them
+        whatever its share (an uneven split, or no responses at all): a rank short of micro-batches runs empty ones,
+        whose rows train no token (completion mask 0), so they add nothing to the loss or the gradient.
+        """
+        out, width = [], int(batch.input_ids.shape[1])
         per = max(1, self.cfg.max_tokens_per_micro_batch // max(width, 1))
         for start in range(0, batch.num_responses, per):
             out.append(batch.select(range(start, min(start + per, batch.num_responses))))
-        return out
+        count = int(self._all_reduce(torch.tensor([len(out)], dtype=torch.float64), "max")[0])
+        return out + [batch.empty_like(rows=1)] * (count - len(out))
+
+    def _all_reduce(self, values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Sum (or max) a small CPU float64 vector over the learner ranks (a no-op on one rank)."""
+        if self.world_size == 1:
+            return values
+        import torch.distributed as dist
+
+        buf = values.to(self.device)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return buf.cpu()
 
     @torch.no_grad()
     def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
-        """Exact s(r) per response from the policy's full logits over its rationale tokens (chunked); divided by
-        the logits' width |V| when `normalize_by_vocab` (the paper's 1/|V|, as the top-k path does)."""
+        """Exact s(r) per response (one value each, 0 without rationale tokens) from the policy's full logits at
+        temperature 1 over its rationale tokens: s(r) is defined on the model's own distribution, not the sampling
+        one. Divided by the logits' width |V| when `normalize_by_vocab` (the paper's 1/|V|, as the top-k path)."""
         from shop_r1.reward.self_certainty import kl_to_uniform_logits
 
         out = []
@@ -146,13 +172,18 @@ class DeepSpeedLearner:
                 if positions.numel() == 0:
                     out.append(0.0)
                     continue
-                logits = module.lm_head(hidden[b, :-1].index_select(0, positions))  # [n_rationale, V]
+                logits = module.lm_head(hidden[b, :-1].index_select(0, positions))  # [n_rationale, V] at T = 1
                 value = float(kl_to_uniform_logits(logits, direction).float().mean())
                 out.append(value / logits.shape[-1] if normalize_by_vocab else value)
-        return out
+        return out[:batch.num_responses]  # without the padding rows of _micro_batches
 
     def grpo_step(self, batch: Any, rl: Any) -> "GRPOStepStats":
-        """One rollout batch: reference and old logprobs, then `rl.num_minibatches` clipped-surrogate updates."""
+        """One rollout batch: reference and old logprobs, then `rl.num_minibatches` clipped-surrogate updates.
+
+        `batch` is this rank's share (any size, even empty). The loss is the global mean over every rank's tokens
+        ("token") or responses ("sequence"): each micro-batch's loss is weighted by its share of the global count
+        (all-reduced), times world_size because DeepSpeed averages gradients over ranks.
+        """
         from shop_r1.algo.grpo_loss import grpo_loss
 
         micro = self._micro_batches(batch)
@@ -162,12 +193,17 @@ class DeepSpeedLearner:
             old = [self._logprobs(self.engine.module, mb) if rl.num_minibatches > 1 else None for mb in micro]
             ref = [self._logprobs(self.reference, mb) if self.reference is not None else None for mb in micro]
         groups = [list(range(i, len(micro), rl.num_minibatches)) for i in range(min(rl.num_minibatches, len(micro)))]
+        by_token = rl.loss_aggregation == "token"
+        # Global denominators, one per mini-batch group: trained tokens (or responses) over all ranks.
+        local = [sum(float(micro[i].completion_mask[:, 1:].sum()) if by_token else
+                     float(micro[i].num_trained_responses) for i in group) for group in groups]
+        denominators = self._all_reduce(torch.tensor(local, dtype=torch.float64)).tolist() if groups else []
         eps_high = rl.clip_eps_high or rl.clip_eps
-        totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        # Token-weighted sums over this rank (all-reduced below): loss share, kl, clipped, ratio, tokens, |diff|.
+        sums = torch.zeros(6, dtype=torch.float64)
+        diff_max = torch.zeros(1, dtype=torch.float64)
         grad_norms = []
-        for group in groups:
-            tokens = sum(int(micro[i].completion_mask[:, 1:].sum()) for i in group)
-            rows = sum(micro[i].num_responses for i in group)
+        for group, denominator in zip(groups, denominators):
             for i in group:
                 mb = micro[i]
                 mask = mb.completion_mask.to(self.device)
@@ -175,16 +211,31 @@ class DeepSpeedLearner:
                 out = grpo_loss(logp, old[i] if old[i] is not None else logp.detach(), ref[i],
                                 mb.advantages.to(self.device), mask, rl.clip_eps, eps_high, rl.kl_beta,
                                 rl.loss_aggregation)
-                share = (int(mask[:, 1:].sum()) / max(tokens, 1)) if rl.loss_aggregation == "token" \
-                    else mb.num_responses / max(rows, 1)
-                self.engine.backward(out.loss * share)
-                for key in totals:
-                    totals[key] += float(out.loss.detach() if key == "loss" else getattr(out, key)) * share / len(groups)
+                n_tokens = float(mask[:, 1:].sum())
+                count = n_tokens if by_token else float(mb.num_trained_responses)
+                weight = count / denominator if denominator > 0 else 0.0
+                self.engine.backward(out.loss * weight * self.world_size)
+                # The sampling weights' logprobs (`old` when there are several updates, else this pass's, which runs
+                # before any update of this batch), against the engine's: the two sides must agree.
+                sampling = (old[i] if old[i] is not None else logp.detach())[mask.bool()]
+                diff = (sampling - mb.sampler_logprobs.to(self.device, sampling.dtype)[mask.bool()]).abs()
+                sums[5] += float(diff.double().sum())
+                diff_max[0] = max(float(diff_max[0]), float(diff.max()) if diff.numel() else 0.0)
+                sums[0] += float(out.loss.detach()) * weight / len(groups)
+                sums[1:4] += torch.tensor([out.kl, out.clip_fraction, out.ratio_mean], dtype=torch.float64) * n_tokens
+                sums[4] += n_tokens
             grad_norms.append(self._optimizer_step())
+        sums = self._all_reduce(sums)
+        diff_max = self._all_reduce(diff_max, "max")
+        tokens = float(sums[4])
         self.step += 1
-        return GRPOStepStats(loss=totals["loss"], kl=totals["kl"], clip_fraction=totals["clip_fraction"],
-                             ratio_mean=totals["ratio_mean"], grad_norm=sum(grad_norms) / len(grad_norms),
-                             num_tokens=int(batch.completion_mask.sum()), step=self.step)
+        return GRPOStepStats(loss=float(sums[0]), kl=float(sums[1]) / max(tokens, 1.0),
+                             clip_fraction=float(sums[2]) / max(tokens, 1.0),
+                             ratio_mean=float(sums[3]) / tokens if tokens else 1.0,
+                             grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+                             num_tokens=int(round(tokens)), step=self.step,
+                             sampler_logprob_abs_diff_mean=float(sums[5]) / max(tokens, 1.0),
+                             sampler_logprob_abs_diff_max=float(diff_max[0]))
 
     @torch.no_grad()
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
@@ -194,7 +245,7 @@ class DeepSpeedLearner:
             lp = self._logprobs(self.engine.module, mb)
             for b in range(lp.shape[0]):
                 out.append(lp[b][mb.completion_mask[b].bool().to(self.device)].float().cpu().tolist())
-        return out
+        return out[:batch.num_responses]  # without the padding rows of _micro_batches
 
     # ------------------------------------------------------------------------------------------- weight sync
 
@@ -233,8 +284,9 @@ class DeepSpeedLearner:
         return self._sender.send(manifest, weights)
 
     def _target_logprobs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         target_mask: torch.Tensor) -> torch.Tensor:
-        """[b, T] logprob of token t (predicted at t-1) where target_mask[:, t] is 1, else 0.
+                         target_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """[b, T] logprob of token t (predicted at t-1) under softmax(logits / temperature) where target_mask[:, t]
+        is 1, else 0.
 
         The vocabulary projection runs only on the positions that are targets (assistant or completion tokens, a
         small share of page-heavy sequences), so no [b, T, V] logits tensor is ever built.
@@ -243,6 +295,8 @@ class DeepSpeedLearner:
         hidden = model.model(input_ids=ids, attention_mask=attention_mask.to(self.device)).last_hidden_state
         where = target_mask[:, 1:].to(self.device).bool()  # [b, T-1]
         logits = model.lm_head(hidden[:, :-1][where]).float()  # [n, V]
+        if temperature != 1.0:
+            logits = logits / temperature
         picked = logits.gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         out = torch.zeros(ids.shape, dtype=picked.dtype, device=self.device)
         out[:, 1:][where] = picked

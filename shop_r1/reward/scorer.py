@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Sequence
+
 from shop_r1.config import RewardConfig
 from shop_r1.reward.action import action_reward
 from shop_r1.reward.format import parse_response
@@ -41,3 +44,19 @@ def score_response(response: str, target: Action, cfg: RewardConfig,
         s = self_certainty(logprobs, parsed.rationale_span, len(response), cfg.self_certainty)
     fmt = FORMAT_REWARD if cfg.format_reward else 0.0
     return combine(fmt, act.action_type, act.attribute, act.value, s, cfg, format_valid=True)
+
+
+def with_exact_self_certainty(rewards: Sequence[RewardBreakdown], values: Sequence[float], cfg: RewardConfig
+                              ) -> list[RewardBreakdown]:
+    """Replace each response's s(r) by the learner's exact value (`values[i]` for `rewards[i]`, one per response,
+    format-invalid ones included) and move its total by alpha * (new - old). A format-invalid response keeps 0."""
+    if len(values) != len(rewards):
+        raise ValueError(f"{len(values)} self-certainty values for {len(rewards)} responses")
+    out = []
+    for r, s in zip(rewards, values):
+        if not r.format_valid:
+            out.append(r)
+            continue
+        weight = cfg.alpha if cfg.rationale_reward else 0.0
+        out.append(dataclasses.replace(r, self_certainty=s, total=r.total + weight * (s - r.self_certainty)))
+    return out

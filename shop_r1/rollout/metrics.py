@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from shop_r1.reward.failures import failure_counts
 from shop_r1.reward.format import parse_response
 from shop_r1.types import ACTION_TYPES, ScoredGeneration
 
@@ -19,7 +20,7 @@ def rollout_metrics(scored: Sequence[ScoredGeneration]) -> dict[str, float]:
     completions = [c for s in scored for c in s.generation.completions]
     n = max(len(rewards), 1)
     out = {f"reward/{k}": sum(getattr(r, k) for r in rewards) / n for k in REWARD_TERMS}
-    out["reward/num_failed"] = float(sum(r.error is not None for r in rewards))
+    out.update(failure_counts(rewards))  # reward/num_failed, and per cause: timeout, crash, scorer error
     types = [p.action.type if (p := parse_response(c.text)) is not None else "invalid" for c in completions]
     for kind in (*ACTION_TYPES, "invalid"):
         out[f"rollout/type_{kind}"] = types.count(kind) / n

@@ -6,8 +6,11 @@ goes through the worker's `reload_weights` on both backends (`model.load_weights
 are repacked after loading); a tied `lm_head` must be re-packed by hand, and the prefix cache reset, or generation
 silently keeps using the old weights.
 
-Logprobs are vLLM's `raw_logprobs`: the temperature-1 distribution of the weights that sampled, which is what the
-learner recomputes for the GRPO ratio and what self-certainty is defined on.
+Logprobs are vLLM's `processed_logprobs`: log softmax(logits / T), the distribution the tokens were sampled from
+(temperature T; greedy requests get the temperature-1 one). The learner scores its policy and reference the same way,
+so the GRPO ratio is the sampler's (TRL and verl do the same). The top-k rows are of that distribution too, so the
+top-k self-certainty estimate (defined at T = 1) is only valid for T = 1 runs; at other temperatures s(r) comes from
+the learner's full logits (`reward.self_certainty.source=learner_logits`).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class VLLMEngine:
         kwargs: dict[str, Any] = dict(
             model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
             enable_prefix_caching=cfg.enable_prefix_caching, max_logprobs=max(cfg.top_k_logprobs, 1),
-            logprobs_mode="raw_logprobs", worker_extension_cls=f"{__name__}.WeightLoaderExtension")
+            logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightLoaderExtension")
         if self.on_gpu:
             kwargs.update(tensor_parallel_size=cfg.tensor_parallel_size,
                           gpu_memory_utilization=cfg.gpu_memory_utilization)

@@ -14,7 +14,8 @@ def test_advantages_standardise_within_each_group():
     # group 1: [0, 0, 1] -> mean 1/3, std sqrt(((1/3)^2*2 + (2/3)^2)/2) = sqrt(1/3) = 0.57735
     #          -> (-1/3, -1/3, 2/3) / 0.57735 = (-0.57735, -0.57735, 1.15470)
     out = group_advantages(torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]]), eps=0.0)
-    torch.testing.assert_close(out.advantages, torch.tensor([[-1.0, 0.0, 1.0], [-0.57735, -0.57735, 1.15470]]),
+    torch.testing.assert_close(out.advantages, torch.tensor([[-1.0, 0.0, 1.0], [-0.57735, -0.57735, 1.15470]],
+                                                           dtype=torch.float64),
                                atol=1e-5, rtol=0)
     assert out.num_zero_signal_groups == 0
 
@@ -25,7 +26,8 @@ def test_constant_group_has_zero_advantage_and_is_flagged():
     assert out.zero_signal.tolist() == [True, False]
     assert out.num_zero_signal_groups == 1
     # Group 1: mean 1.05, std sqrt((3*0.25^2 + 0.75^2)/3) = sqrt(0.25) = 0.5 -> (-0.5, -0.5, -0.5, 1.5)
-    torch.testing.assert_close(out.advantages[1], torch.tensor([-0.5, -0.5, -0.5, 1.5]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.advantages[1], torch.tensor([-0.5, -0.5, -0.5, 1.5], dtype=torch.float64), atol=1e-5,
+                               rtol=0)
 
 
 def test_single_sample_groups_carry_no_signal():

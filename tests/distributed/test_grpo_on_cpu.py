@@ -18,7 +18,8 @@ METRIC_KEYS = {"reward/format", "reward/action_type", "reward/attribute", "rewar
                "reward/total", "rollout/type_click", "rollout/type_type_and_submit", "rollout/type_terminate",
                "rollout/response_tokens_mean", "train/kl", "train/clip_fraction", "train/zero_signal_groups",
                "timing/rollout", "timing/reward", "timing/update", "timing/weight_sync",
-               "throughput/generated_tokens_per_s", "weight_sync/check_max_abs_logprob_diff"}
+               "throughput/generated_tokens_per_s", "weight_sync/check_max_abs_logprob_diff",
+               "train/sampler_logprob_abs_diff_mean", "train/sampler_logprob_abs_diff_max", "policy_version"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def _cfg(run_dir, steps):
                               "rl.global_batch_size=8", "rollout.max_new_tokens=16", "rl.lr=1e-3",
                               "rl.kl_beta=0.1", "rl.checkpoint_every=1", "rl.check_weight_sync=true",
                               "logging.wandb=false", "rollout.kv_cache_gib=1", "reward_pool.num_workers=1",
-                              "rollout.temperature=1.0", "reward.dars_factor=1"])
+                              "rollout.temperature=0.6", "reward.dars_factor=1"])
 
 
 def _weights(path):
@@ -67,9 +68,20 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
     assert [r["step"] for r in logged] == [1, 2, 3]
     for r in logged:
         assert METRIC_KEYS <= set(r), METRIC_KEYS - set(r)
-        assert r["policy_version"] == r["step"]
-        # After every sync the engine computes the learner's logprobs (fp32).
+        # After every sync the engine computes the learner's logprobs (fp32), greedy and at T = 0.6 on the samples.
         assert r["weight_sync/check_max_abs_logprob_diff"] < 1e-4
+        assert r["train/sampler_logprob_abs_diff_max"] < 1e-4
+    # The dump: every sample of every step, stamped by the engines with the version that sampled it.
+    dumped = [json.loads(line) for line in (tmp_path / "a" / "rollouts.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in dumped] == [1, 1, 2, 2, 3, 3]  # 2 prompts x group 4 per step
+    for d in dumped:
+        assert len(d["samples"]) == 4 and d["prompt_token_ids"]
+        assert {x["policy_version"] for x in d["samples"]} == {d["step"] - 1}
+        assert [r["policy_version"] for r in logged if r["step"] == d["step"]] == [d["step"] - 1]
+        for x in d["samples"]:
+            assert len(x["token_ids"]) == len(x["logprobs"]) > 0 and x["reward"]["format_valid"] is True
+        advantages = [x["advantage"] for x in d["samples"]]
+        assert abs(sum(advantages)) < 1e-9 or all(a == 0 for a in advantages)
     assert all(r["train/zero_signal_groups"] < 2 for r in logged)  # the dense reward gives every step a signal
     before, after = _weights(tiny_model_dir), _weights(tmp_path / "a" / "rl" / "hf")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
@@ -105,7 +117,8 @@ def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, pr
     assert result.num_steps == 2
     logged = [json.loads(line) for line in (tmp_path / "metrics_grpo.jsonl").read_text().splitlines()]
     for r in logged:
-        assert r["policy_version"] == r["step"]
+        assert r["policy_version"] == r["step"] - 1
         assert r["weight_sync/check_max_abs_logprob_diff"] < 1e-4
+        assert r["train/sampler_logprob_abs_diff_max"] < 1e-4
     before, after = _weights(tiny_model_dir), _weights(tmp_path / "rl" / "hf")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)

@@ -1,6 +1,8 @@
 """The reward pool: scores in order, and a poisoned, hanging or crashing response never kills the step."""
 
+import contextlib
 import os
+import subprocess
 import sys
 import time
 
@@ -8,6 +10,7 @@ import pytest
 
 from shop_r1.config import RewardConfig, RewardPoolConfig
 from shop_r1.distributed.reward_pool import RewardPool
+from shop_r1.reward.failures import failure_counts
 from shop_r1.reward.scorer import score_response
 from shop_r1.types import Action, ScoreRequest
 
@@ -28,6 +31,21 @@ def hostile_scorer(response, target, cfg, logprobs):
     return score_response(response, target, cfg, logprobs)
 
 
+def _never_ready():
+    time.sleep(3600)
+    return hostile_scorer
+
+
+class NeverReadyScorer:
+    """Unpickling it (in the worker's constructor) never ends: a worker that never becomes ready."""
+
+    def __reduce__(self):
+        return (_never_ready, ())
+
+    def __call__(self, *args):
+        return hostile_scorer(*args)
+
+
 def _register_by_value():
     import ray.cloudpickle
 
@@ -42,8 +60,28 @@ def test_local_pool_flags_a_poisoned_response_and_scores_the_rest():
     assert rewards[0].error is None and rewards[2].error is None
 
 
+@contextlib.contextmanager
+def cpu_hogs(n=2):
+    """Busy-looping processes for the block's duration: a loaded machine, where a fresh worker takes seconds to start."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in hogs:
+            p.kill()
+        for p in hogs:
+            p.wait()
+
+
 def test_ray_pool_survives_poison_hang_and_crash(ray_local_cluster):
+    # Under load (2 busy loops), a restarted worker's start and imports take seconds: the pool must wait for it to be
+    # ready before the 5 s scoring budget starts, or a good response retried on it gets the timeout fallback.
     _register_by_value()
+    with cpu_hogs(2):
+        _poison_hang_and_crash()
+
+
+def _poison_hang_and_crash():
     pool = RewardPool(RewardConfig(), RewardPoolConfig(num_workers=2, timeout_s=5.0), local=False,
                       score_fn=hostile_scorer)
     try:
@@ -57,11 +95,35 @@ def test_ray_pool_survives_poison_hang_and_crash(ray_local_cluster):
                                               rewards[5].error, None]
         assert rewards[5].error.startswith("worker crashed")
         assert rewards[2].format_valid is False  # invalid format is a score of 0, not a failure
-        assert pool.num_restarts >= 3  # the hang twice (chunk, then alone), the crash at least once
+        assert failure_counts(rewards) == {"reward/num_failed": 3.0, "reward/num_failed_timeout": 1.0,
+                                           "reward/num_failed_crash": 1.0, "reward/num_failed_error": 1.0}
+        assert pool.num_restarts == 3  # the hang twice (chunk, then alone), the crash once (alone)
         # The pool still works after the restarts.
         assert pool.score([ScoreRequest(GOOD, CLICK)])[0].total == GOOD_TOTAL
     finally:
         pool.shutdown()
+
+
+def test_ray_pool_retries_a_chunk_lost_with_a_replaced_worker_without_restarting_again(ray_local_cluster):
+    # One worker: the second chunk queues behind the hang and dies with the worker killed for it. It is re-scored on
+    # the fresh (ready) worker, which is not restarted again for it.
+    _register_by_value()
+    pool = RewardPool(RewardConfig(), RewardPoolConfig(num_workers=1, timeout_s=3.0), local=False,
+                      score_fn=hostile_scorer)
+    try:
+        rewards = pool.score([ScoreRequest("HANG", CLICK), ScoreRequest(GOOD, CLICK), ScoreRequest(GOOD, CLICK)],
+                             chunk_size=1)
+        assert [(r.total, r.error) for r in rewards] == [(0.0, "timeout"), (GOOD_TOTAL, None), (GOOD_TOTAL, None)]
+        assert pool.num_restarts == 2  # the hang twice (chunk, then alone); none for the lost chunks
+    finally:
+        pool.shutdown()
+
+
+def test_ray_pool_raises_when_a_worker_is_never_ready(ray_local_cluster):
+    _register_by_value()
+    with pytest.raises(RuntimeError, match=r"reward pool: .*reward_pool\.ready_timeout_s=2s"):
+        RewardPool(RewardConfig(), RewardPoolConfig(num_workers=1, ready_timeout_s=2.0), local=False,
+                   score_fn=NeverReadyScorer())
 
 
 @pytest.mark.parametrize("num_workers", [1, 3])

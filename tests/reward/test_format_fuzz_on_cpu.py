@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from shop_r1.config import RewardConfig
+from shop_r1.config import RewardConfig, SelfCertaintyConfig
 from shop_r1.reward.format import parse_response
 from shop_r1.reward.scorer import score_response
 from shop_r1.types import Action, TokenLogprobs
@@ -84,4 +84,5 @@ def test_random_fuzz_never_raises():
 def test_logprobs_that_do_not_match_the_tokens_are_an_error_not_a_score():
     text = json.dumps({"rationale": "r", "action": {"type": "terminate"}})
     with pytest.raises(ValueError, match="logprob rows"):
-        score_response(text, Action("terminate"), RewardConfig(), TokenLogprobs((0, 5), ((-0.1,),), 10))
+        score_response(text, Action("terminate"), RewardConfig(self_certainty=SelfCertaintyConfig(source="topk_logprobs")),
+                       TokenLogprobs((0, 5), ((-0.1,),), 10))

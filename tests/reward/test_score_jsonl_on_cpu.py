@@ -50,7 +50,8 @@ def test_cli_with_an_override_and_logprobs(tmp_path):
                                     "logprobs": {"token_offsets": [0, start, start + 2],
                                                  "topk_logprobs": [[-1.0], [0.0], [-1.0]], "vocab_size": 8}}])
     subprocess.run([sys.executable, "-m", "shop_r1.cli", "reward", "score", "--input", str(tmp_path / "in.jsonl"),
-                    "--output", str(tmp_path / "out.jsonl"), "reward.dars_factor=10"], check=True,
+                    "--output", str(tmp_path / "out.jsonl"), "reward.dars_factor=10",
+                    "reward.self_certainty.source=topk_logprobs"], check=True,
                    capture_output=True)
     reward = json.loads((tmp_path / "out.jsonl").read_text())["reward"]
     # value = 10 * 0.75; s = ln 8 (p = 1 on the rationale token); total = 0.5 + 0.3 + 0.2 + 7.5 + 0.005 * ln 8

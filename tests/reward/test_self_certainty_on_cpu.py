@@ -76,5 +76,6 @@ def test_self_certainty_mean_over_rationale_tokens_and_normalisation():
 
 def test_direction_u_to_p_needs_the_exact_source():
     with pytest.raises(ValueError, match="learner_logits"):
-        check_reward_config(RewardConfig(self_certainty=SelfCertaintyConfig(direction="u_to_p")))
+        check_reward_config(RewardConfig(self_certainty=SelfCertaintyConfig(direction="u_to_p",
+                                                                           source="topk_logprobs")))
     check_reward_config(RewardConfig(self_certainty=SelfCertaintyConfig(direction="u_to_p", source="learner_logits")))
