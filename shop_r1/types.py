@@ -89,9 +89,15 @@ class SFTExample:
 
     session_id: str
     messages: tuple[Message, ...]
+    train_last_turn_only: bool = False
+    """Loss on the last assistant turn only (one prediction step with its context, data.sft_format=step); the
+    earlier assistant turns are context, as in an RL prompt."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "messages": [m.to_dict() for m in self.messages]}
+        out: dict[str, Any] = {"session_id": self.session_id, "messages": [m.to_dict() for m in self.messages]}
+        if self.train_last_turn_only:
+            out["train_last_turn_only"] = True
+        return out
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shop_r1.config import DataConfig
-from shop_r1.data.examples import (balance_rl_examples, build_rl_examples, build_sft_examples, chat_token_counter,
-                                   type_counts, write_examples_jsonl)
+from shop_r1.data.examples import (balance_rl_examples, build_rl_examples, build_sft_examples,
+                                   build_step_sft_examples, chat_token_counter, type_counts, write_examples_jsonl)
 from shop_r1.data.sessions import load_sessions, split_sessions
 from shop_r1.data.stats import RLExampleStats, SessionStats, rl_example_stats, session_stats
 
@@ -30,7 +30,10 @@ class BuiltDatasets:
     num_sft_skipped: int
     """Sessions left out of SFT because a step lacks a rationale."""
     num_rl_over_budget: int
-    """RL examples left out because the current page alone exceeds data.max_prompt_tokens."""
+    """Training RL examples left out because the current page alone exceeds data.max_prompt_tokens."""
+    num_rl_test_over_budget: int
+    """Held-out RL examples left out because the current page alone exceeds the test budget
+    (data.test_max_prompt_tokens, else data.max_prompt_tokens); 0 unless the model's context is too small."""
     rl_train_before_balance: dict[str, int]
     rl_train: RLExampleStats
     rl_test: RLExampleStats
@@ -44,8 +47,11 @@ class BuiltDatasets:
                  self.rl_test.render("RL examples (test)"),
                  f"written to {self.out_dir}"]
         if self.num_rl_over_budget:
-            lines.append(f"left out {self.num_rl_over_budget} RL examples whose current page alone exceeds "
+            lines.append(f"left out {self.num_rl_over_budget} training RL examples whose current page alone exceeds "
                          "data.max_prompt_tokens")
+        if self.num_rl_test_over_budget:
+            lines.append(f"WARNING: left out {self.num_rl_test_over_budget} held-out RL examples whose current page "
+                         "alone exceeds the test prompt budget: the held-out set is filtered by page length")
         if self.num_bad_lines:
             lines.insert(0, f"skipped {self.num_bad_lines} malformed session lines (data.skip_bad_lines=true)")
         return "\n".join(lines)
@@ -62,12 +68,13 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
 
-    sft = build_sft_examples(split.train)
-    sft_train = sft.examples
     rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens,
                                        cfg.history_rationales)
-    rl_test_build = build_rl_examples(split.test, cfg.context, cfg.max_prompt_tokens, count_tokens,
-                                      cfg.history_rationales)
+    rl_test_build = build_rl_examples(split.test, cfg.context, cfg.test_max_prompt_tokens or cfg.max_prompt_tokens,
+                                      count_tokens, cfg.history_rationales)
+    sft = build_sft_examples(split.train) if cfg.sft_format == "session" \
+        else build_step_sft_examples(rl_train_build.examples)
+    sft_train = sft.examples
     rl_train = list(rl_train_build.examples)
     rl_unbalanced = type_counts(rl_train)
     if cfg.balance:
@@ -84,7 +91,8 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
         rl_test_path=str(paths["rl_test"]), num_bad_lines=loaded.num_bad_lines,
         train_sessions=session_stats(split.train), test_sessions=session_stats(split.test),
         num_sft_train=len(sft_train), num_sft_skipped=len(sft.skipped_session_ids),
-        num_rl_over_budget=len(rl_train_build.over_budget_ids) + len(rl_test_build.over_budget_ids),
+        num_rl_over_budget=len(rl_train_build.over_budget_ids),
+        num_rl_test_over_budget=len(rl_test_build.over_budget_ids),
         rl_train_before_balance=rl_unbalanced,
         rl_train=rl_example_stats(rl_train, [count_tokens(e.prompt) for e in rl_train]),
         rl_test=rl_example_stats(rl_test, [count_tokens(e.prompt) for e in rl_test]),

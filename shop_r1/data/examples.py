@@ -57,6 +57,19 @@ def build_sft_examples(sessions: Sequence[Session]) -> SFTBuild:
     return SFTBuild(tuple(examples), tuple(skipped))
 
 
+def build_step_sft_examples(examples: Sequence[RLExample]) -> SFTBuild:
+    """One SFT conversation per prediction step: the RL example's prompt (same context mode, same history) and the
+    recorded answer, loss on that answer only. SFT then sees exactly the prompts RL and evaluation see."""
+    out, skipped = [], []
+    for e in examples:
+        if e.target_rationale is None:
+            skipped.append(e.example_id)
+            continue
+        answer = Message("assistant", render_action(e.target, e.target_rationale))
+        out.append(SFTExample(e.example_id, (*e.prompt, answer), train_last_turn_only=True))
+    return SFTBuild(tuple(out), tuple(skipped))
+
+
 def _rl_prompt(session: Session, t: int, num_dropped: int, history_rationales: bool = True) -> tuple[Message, ...]:
     """Prompt for predicting step t with the HTML of the `num_dropped` oldest pages omitted."""
     messages = [Message("system", SYSTEM_PROMPT)]
@@ -177,7 +190,10 @@ def _rl_from_dict(obj: dict[str, Any], where: str) -> RLExample:
 def _sft_from_dict(obj: dict[str, Any], where: str) -> SFTExample:
     if not isinstance(obj.get("session_id"), str):
         raise ValueError(f"{where}: session_id: expected a string")
-    return SFTExample(obj["session_id"], _messages(obj.get("messages"), f"{where}: messages"))
+    last_only = obj.get("train_last_turn_only", False)
+    if not isinstance(last_only, bool):
+        raise ValueError(f"{where}: train_last_turn_only: expected a bool")
+    return SFTExample(obj["session_id"], _messages(obj.get("messages"), f"{where}: messages"), last_only)
 
 
 def load_rl_examples(path: str | Path) -> list[RLExample]:

@@ -58,8 +58,9 @@ def _assistant_spans(tokenizer: Any, messages: Sequence[Message]) -> tuple[str, 
     return text, spans
 
 
-def _encode(tokenizer: Any, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+def _encode(tokenizer: Any, messages: Sequence[Message], last_only: bool = False) -> tuple[list[int], list[int]]:
     text, spans = _assistant_spans(tokenizer, messages)
+    spans = spans[-1:] if last_only else spans
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s <= lo < e for s, e in spans)) for lo, _ in enc["offset_mapping"]]
     return list(enc["input_ids"]), mask
@@ -85,7 +86,7 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any, max_seq_len: int) 
     system, turns = example.messages[:1], list(example.messages[1:])
     num_pages = sum(m.role == "user" for m in turns)
     for k in range(num_pages):  # omit the oldest pages' HTML, one more each time
-        ids, mask = _encode(tokenizer, system + tuple(_omit_pages(turns, k)))
+        ids, mask = _encode(tokenizer, system + tuple(_omit_pages(turns, k)), example.train_last_turn_only)
         if len(ids) <= max_seq_len:
             return SFTSequence(example.session_id, tuple(ids), tuple(mask), num_dropped_turns=0, num_omitted_pages=k)
     turns = _omit_pages(turns, num_pages)
@@ -93,7 +94,7 @@ def tokenize_sft_example(example: SFTExample, tokenizer: Any, max_seq_len: int) 
     while len(turns) > 2:  # then drop the oldest turn pairs
         turns = turns[2:]
         dropped += 1
-        ids, mask = _encode(tokenizer, system + tuple(turns))
+        ids, mask = _encode(tokenizer, system + tuple(turns), example.train_last_turn_only)
         if len(ids) <= max_seq_len:
             return SFTSequence(example.session_id, tuple(ids), tuple(mask), dropped, num_pages - 1)
     return None

@@ -52,16 +52,22 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int):
 
 
 def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, seed: int = 0,
-                     vocab_size: int = 2048) -> Path:
-    """Train the tokenizer, initialise the model from `seed`, save both into `out_dir` (replaced atomically)."""
+                     vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2) -> Path:
+    """Train the tokenizer, initialise the model from `seed`, save both into `out_dir` (replaced atomically).
+
+    Defaults: the tests' tiny model. Larger sizes (e.g. 128 x 4 layers, ~1M parameters) make the from-scratch shop
+    model of the experiments (`model.from_scratch`); heads are 32 wide, key/value heads half as many."""
+    if hidden_size % 32:
+        raise ValueError(f"hidden_size={hidden_size}: must be a multiple of 32 (head_dim 32)")
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab_size)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192, tie_word_embeddings=True,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size if hidden_size == 64
+        else 3 * hidden_size, num_hidden_layers=num_layers, num_attention_heads=hidden_size // 32,
+        num_key_value_heads=max(1, hidden_size // 64), max_position_embeddings=8192, tie_word_embeddings=True,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), torch_dtype="float32",
@@ -73,7 +79,9 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, s
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "vocab_size": len(tokenizer)}))
+    (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "vocab_size": len(tokenizer),
+                                                        "hidden_size": hidden_size, "num_layers": num_layers,
+                                                        "num_parameters": model.num_parameters()}))
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
