@@ -79,10 +79,11 @@ def test_limit_outside_0_1_is_rejected():
 def test_failures_module_is_pure():
     # Its own imports: the standard library and shop_r1.types only (the package shop_r1.reward brings torch).
     import ast
+    from pathlib import Path
 
-    import shop_r1.reward.failures as failures
+    from shop_r1.reward import failures
 
-    tree = ast.parse(open(failures.__file__, encoding="utf-8").read())
+    tree = ast.parse(Path(failures.__file__).read_text(encoding="utf-8"))
     imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
                 for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in (n.names if isinstance(n, ast.Import) else [None])}
