@@ -5,7 +5,8 @@
     <run>/checkpoints/latest         the name of the newest complete checkpoint
 
 A checkpoint is written into `step_N.tmp` and renamed when complete; `latest` is replaced (atomically) only after
-that, so a kill mid-save leaves the previous checkpoint and pointer intact.
+that, so a kill mid-save leaves the previous checkpoint and pointer intact. `prune`, run after `save`, bounds the
+disk use: it keeps the newest few complete checkpoints and the one `latest` names.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,3 +85,33 @@ def latest(root: str | Path) -> Path | None:
 def load_state(path: str | Path) -> TrainState:
     raw = json.loads((Path(path) / "state.json").read_text())
     return TrainState(raw["step"], raw["cursor_epoch"], raw["cursor_position"], raw["rng"])
+
+
+_COMPLETE = re.compile(r"step_(\d+)")  # step_N.tmp (being written) and step_N.deleting do not match
+
+
+def prune(root: str | Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest complete checkpoints (by step) under `root`; returns the removed ones' paths
+    (`step_N`, also for a `step_N.deleting` leftover).
+
+    Run it after `save` returned, i.e. once the newer checkpoint is complete and `latest` names it. It never
+    removes the checkpoint `latest` names (even when that is not among the newest, e.g. after a kill between the
+    rename and the pointer update), nor a `step_N.tmp` being written. Without a `latest` pointer nothing is
+    removed. A checkpoint is renamed to `step_N.deleting` before it is deleted, so a kill mid-prune never leaves
+    a half-deleted `step_N` that looks complete; the next prune finishes such leftovers.
+    """
+    if keep < 1:
+        raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept (rl.keep_checkpoints >= 1)")
+    root = Path(root)
+    current = latest(root)
+    if current is None:
+        return []
+    complete = sorted((int(m.group(1)), p) for p in root.iterdir()
+                      if p.is_dir() and (m := _COMPLETE.fullmatch(p.name)) and (p / "state.json").is_file())
+    leftovers = sorted(p for p in root.iterdir() if p.is_dir() and p.suffix == ".deleting")
+    for path in leftovers:  # first, so that a rename below never meets a leftover of the same name
+        shutil.rmtree(path)
+    removed = [path for _, path in complete[:-keep] if path.name != current.name]
+    for path in removed:
+        shutil.rmtree(path.rename(path.with_name(path.name + ".deleting")))
+    return [p.with_name(p.name.removesuffix(".deleting")) for p in leftovers] + removed

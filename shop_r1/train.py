@@ -51,10 +51,9 @@ class GRPOResult:
 def check_sampling_config(cfg: Config) -> None:
     """s(r) is defined on the temperature-1 distribution, but the engines return the sampling distribution's
     logprobs (temperature T): the top-k estimate is only that of s(r) when T = 1."""
-    from shop_r1.config import ConfigError
+    from shop_r1.config import ConfigError, check_ranges
 
-    if cfg.rollout.temperature <= 0:
-        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature}: GRPO samples, so it must be > 0")
+    check_ranges(cfg)  # a Config built in code gets the same range checks as a loaded one
     if cfg.reward.self_certainty.source == "topk_logprobs" and cfg.rollout.temperature != 1.0:
         raise ConfigError(f"reward.self_certainty.source=topk_logprobs needs rollout.temperature=1 (got "
                           f"{cfg.rollout.temperature}): the engines' top-k logprobs are those of the sampling "
@@ -185,6 +184,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                 checkpoint.save(ckpt_root, checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position,
                                                                  checkpoint.capture_rng()),
                                 config_to_dict(cfg), lambda d: learners.save_checkpoint(d, {"step": step}))
+                checkpoint.prune(ckpt_root, cfg.rl.keep_checkpoints)  # only after the newer one is complete
                 mirror_or_warn(cfg.run_dir, cfg.storage_uri)
         learners.save_hf(str(out / "hf"))
     finally:

@@ -94,7 +94,7 @@ def test_sampling_config_checks():
     cfg.rollout.temperature = 1.0
     check_sampling_config(cfg)
     cfg.rollout.temperature = 0.0
-    with pytest.raises(ConfigError, match="must be > 0"):
+    with pytest.raises(ConfigError, match="rollout.temperature=0.0 is out of range"):
         check_sampling_config(cfg)
 
 
