@@ -155,7 +155,8 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             # With every group dropped there is nothing to learn from: the update is skipped (and counted).
             update = learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED  # learner update
             t3 = time.perf_counter()
-            synced = sync.push(step)                                                         # weight sync
+            # A skipped update left the weights as they were: the engines only take the new version number.
+            synced = sync.push(step) if update is not SKIPPED else sync.bump(step)          # weight sync
             t4 = time.perf_counter()
             metrics = rollout_metrics(scored)                                                # log
             metrics.update(failure_counts([r for s in scored for r in s.rewards]))

@@ -102,6 +102,10 @@ class EngineGroup:
         tensors = list(named_tensors)
         get([e.load_weights.remote(tensors, version) for e in self.engines], timeout_s=GENERATE_TIMEOUT_S)
 
+    def set_policy_version(self, version: int) -> None:
+        """Stamp every engine with `version` without new weights (after an update that changed nothing)."""
+        get([e.set_policy_version.remote(version) for e in self.engines], timeout_s=GENERATE_TIMEOUT_S)
+
     def policy_versions(self) -> list[int]:
         return get([e.policy_version.remote() for e in self.engines])
 

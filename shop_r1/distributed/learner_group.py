@@ -1,7 +1,7 @@
 """K DeepSpeed learner ranks as Ray actors in one placement group (PACK: ranks share nodes where they fit).
 
-Rank 0's node address and a free port on it are found by a probe task placed in bundle 0, then every rank starts
-with MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE set, so `torch.distributed` rendezvous is the usual env:// one
+A rendezvous actor in bundle 0 (rank 0's node) opens the group's TCPStore on a port the OS picks while binding and
+holds it for the group's lifetime; every rank starts with MASTER_ADDR / MASTER_PORT naming it and joins as a client
 (gloo on CPU, NCCL on GPU). Every call fans out to all ranks: DeepSpeed's collectives need every rank to enter.
 """
 
@@ -16,15 +16,20 @@ LEARNER_TIMEOUT_S = 7200.0
 PLACEMENT_TIMEOUT_S = 300.0
 
 
-def _node_address_and_free_port() -> tuple[str, int]:
-    import socket
+class RendezvousStore:
+    """Holds the learners' rendezvous TCPStore on rank 0's node for the group's lifetime: opened on a port the OS
+    picks while binding (a port picked in advance can be lost to another process before anyone listens on it)."""
 
-    import ray
+    def __init__(self) -> None:
+        import ray
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+        from shop_r1.weight_sync.broadcast import open_master_store
+
+        self.address = ray.util.get_node_ip_address()
+        self.store = open_master_store(self.address)
+
+    def endpoint(self) -> tuple[str, int]:
+        return self.address, self.store.port
 
 
 class LearnerGroup:
@@ -33,7 +38,7 @@ class LearnerGroup:
         if learner_cls is None:
             from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
         self.world_size = cfg.num_ranks
-        self._pg = None
+        self._pg = self._rendezvous = None
         if local:
             if cfg.num_ranks != 1:
                 raise ValueError(f"learner.num_ranks={cfg.num_ranks}: local mode runs one rank in-process")
@@ -42,7 +47,6 @@ class LearnerGroup:
             return
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = {"CPU": cfg.num_cpus_per_rank}
         if cfg.num_gpus_per_rank:
@@ -54,9 +58,9 @@ class LearnerGroup:
             raise RuntimeError(f"the learner group needs {cfg.num_ranks} x {bundle} but the cluster cannot place it "
                                f"within {PLACEMENT_TIMEOUT_S:.0f}s (available: {ray.available_resources()}); lower "
                                "learner.num_cpus_per_rank / num_gpus_per_rank or add nodes") from None
-        probe = ray.remote(num_cpus=0)(_node_address_and_free_port).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0))
-        master_addr, master_port = ray.get(probe.remote())
+        self._rendezvous = spawn(RendezvousStore, local=False, resources=Resources(
+            num_cpus=0, placement_group=self._pg, bundle_index=0))
+        master_addr, master_port = get(self._rendezvous.endpoint.remote(), timeout_s=PLACEMENT_TIMEOUT_S)
         self.ranks = []
         for rank in range(cfg.num_ranks):
             env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
@@ -108,6 +112,8 @@ class LearnerGroup:
     def shutdown(self) -> None:
         for r in self.ranks:
             kill(r)
+        if self._rendezvous is not None:
+            kill(self._rendezvous)
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
 

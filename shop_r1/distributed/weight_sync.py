@@ -3,7 +3,8 @@
 - `BroadcastSync` (Ray): learner rank 0 and every engine form a dedicated process group once; each push is one
   bucketed broadcast (gloo on CPU, NCCL on GPU), all ranks of the learner taking part in the ZeRO-3 gather.
 - `DirectSync` (local mode): one process holds both, so the tensors are handed over directly.
-After a push every engine's `policy_version` equals the version pushed.
+After a push every engine's `policy_version` equals the version pushed. When an update was skipped (no group had a
+signal) the weights did not change: `bump` only moves the engines' version, no bytes are sent.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ class SyncStats:
     num_bytes: int
 
 
+def bump(engines: EngineGroup, version: int) -> SyncStats:
+    """The weights are unchanged since the last push: only stamp the engines with the new version."""
+    start = time.perf_counter()
+    engines.set_policy_version(version)
+    return SyncStats(time.perf_counter() - start, 0)
+
+
 class BroadcastSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str) -> None:
         self.learners, self.engines = learners, engines
@@ -40,6 +48,9 @@ class BroadcastSync:
         sent = get(refs, timeout_s=LEARNER_TIMEOUT_S)[0]
         return SyncStats(time.perf_counter() - start, int(sent))
 
+    def bump(self, version: int) -> SyncStats:
+        return bump(self.engines, version)
+
 
 class DirectSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup) -> None:
@@ -50,6 +61,9 @@ class DirectSync:
         weights = list(get(self.learners.ranks[0].named_weights.remote()))
         self.engines.load_weights(weights, version)
         return SyncStats(time.perf_counter() - start, sum(t.numel() * t.element_size() for _, t in weights))
+
+    def bump(self, version: int) -> SyncStats:
+        return bump(self.engines, version)
 
 
 def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, on_gpu: bool

@@ -1,7 +1,7 @@
 """One DeepSpeed rank: the policy model under ZeRO, trained with a token-mean loss over the global batch.
 
-Distributed setup comes from the usual env (MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE / LOCAL_RANK) that the Ray
-learner group sets; run alone, it forms a one-rank group on 127.0.0.1. The optimizer is `torch.optim.AdamW` (with
+Distributed setup: MASTER_ADDR / MASTER_PORT name the rendezvous store the Ray learner group holds (its port picked by
+the OS at bind time); run alone, a learner forms a one-rank group on 127.0.0.1 with its own store. The optimizer is `torch.optim.AdamW` (with
 `zero_allow_untested_optimizer`), so nothing is JIT-compiled but DeepSpeed's own shm communication op on CPU (built
 once into TORCH_EXTENSIONS_DIR).
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -53,20 +53,31 @@ class SFTStepStats:
     step: int
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+RENDEZVOUS_TIMEOUT_S = 600.0
 
 
-def _ensure_dist_env(rank: int, world_size: int) -> None:
-    """A standalone learner (tests, local mode) forms its own one-rank group on loopback."""
+def _init_process_group(rank: int, world_size: int, backend: str) -> Any:
+    """Join the learners' torch.distributed group through a TCPStore whose port the OS picked while binding.
+
+    In a Ray learner group the store is held by a rendezvous actor (shop_r1/distributed/learner_group.py) whose
+    address and port arrive as MASTER_ADDR / MASTER_PORT; every rank connects to it as a client. A standalone learner
+    (tests, local mode) opens its own store on port 0. A port picked in advance (bind to 0, close, pass it on) can be
+    taken by another process before anyone listens on it. DeepSpeed's init_distributed then finds the group made.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return None
+    addr = os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
     if world_size == 1 and "MASTER_PORT" not in os.environ:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world_size))
+        store = dist.TCPStore(addr, 0, 1, True, timeout=timeout, wait_for_workers=False)
+    else:
+        store = dist.TCPStore(addr, int(os.environ["MASTER_PORT"]), world_size, False, timeout=timeout)
+    os.environ.update(MASTER_PORT=str(store.port), RANK=str(rank), WORLD_SIZE=str(world_size))
     os.environ.setdefault("LOCAL_RANK", "0")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return store
 
 
 def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
@@ -91,7 +102,7 @@ class DeepSpeedLearner:
                  ) -> None:
         self.on_gpu = torch.cuda.is_available()
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.on_gpu else "cpu")
-        _ensure_dist_env(rank, world_size)
+        self._rendezvous_store = _init_process_group(rank, world_size, "nccl" if self.on_gpu else "gloo")
         import deepspeed
         from transformers import AutoModelForCausalLM
 

@@ -19,6 +19,9 @@ class RolloutEngine(Protocol):
 
     def policy_version(self) -> int: ...
 
+    def set_policy_version(self, version: int) -> None:
+        """Stamp later samples with `version` without new weights (the learner's update changed nothing)."""
+
     def vocab_size(self) -> int: ...
 
     def shutdown(self) -> None: ...
