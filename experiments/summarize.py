@@ -107,13 +107,13 @@ def _plots(ws: Path, rows: list, out: Path) -> list[str]:
 def _table(suite_name: str, rows: list, results: dict[str, Any], workspace: str) -> str:
     head = ("| Setting | Exact match % [95% CI] | Type acc. % [95% CI] | Type macro-F1 % [95% CI] | "
             "Exact vs SFT (paired, pp) | n | Paper: exact / type acc. / F1 % |")
+    from experiments.run import PAPER
+
     lines = [head, "|" + "---|" * 7]
     for r in rows:
         res = results.get(r.name)
         paper_key = f"{workspace}/{r.name}" if workspace and f"{workspace}/{r.name}" in PAPER else r.name
-        from experiments.run import PAPER as paper_numbers
-
-        paper = paper_numbers.get(paper_key)
+        paper = PAPER.get(paper_key)
         paper_s = " / ".join(f"{x:.2f}" for x in paper) if paper else "-"
         if res is None:
             lines.append(f"| {r.label} | (not run yet) | | | | | {paper_s} |")

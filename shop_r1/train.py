@@ -160,9 +160,10 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             t4 = time.perf_counter()
             metrics = rollout_metrics(scored)                                                # log
             metrics.update(failure_counts([r for s in scored for r in s.rewards]))
-            metrics.update({"train/skipped_update": float(update is SKIPPED), "train/loss": update.loss, "train/kl": update.kl, "train/clip_fraction":
-                            update.clip_fraction, "train/ratio_mean": update.ratio_mean, "train/grad_norm":
-                            update.grad_norm, "train/zero_signal_groups": adv.num_zero_signal_groups,
+            metrics.update({"train/skipped_update": float(update is SKIPPED), "train/loss": update.loss,
+                            "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
+                            "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,
+                            "train/zero_signal_groups": adv.num_zero_signal_groups,
                             "train/sampler_logprob_abs_diff_mean": update.sampler_logprob_abs_diff_mean,
                             "train/sampler_logprob_abs_diff_max": update.sampler_logprob_abs_diff_max,
                             "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
@@ -178,7 +179,8 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             tracker.log(step, metrics)
             batches_log.write(json.dumps({"step": step, "example_ids": [p.example_id for p in batch_prompts]}) + "\n")
             batches_log.flush()
-            rollouts_log.writelines(json.dumps(r) + "\n" for r in rollout_records(step, scored, adv.advantages.tolist()))
+            dump = rollout_records(step, scored, adv.advantages.tolist())
+            rollouts_log.writelines(json.dumps(r) + "\n" for r in dump)
             rollouts_log.flush()
             rewards_seen.append(metrics["reward/total"])
             if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint

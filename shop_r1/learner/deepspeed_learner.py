@@ -1,9 +1,9 @@
 """One DeepSpeed rank: the policy model under ZeRO, trained with a token-mean loss over the global batch.
 
-Distributed setup: MASTER_ADDR / MASTER_PORT name the rendezvous store the Ray learner group holds (its port picked by
-the OS at bind time); run alone, a learner forms a one-rank group on 127.0.0.1 with its own store. The optimizer is `torch.optim.AdamW` (with
-`zero_allow_untested_optimizer`), so nothing is JIT-compiled but DeepSpeed's own shm communication op on CPU (built
-once into TORCH_EXTENSIONS_DIR).
+Distributed setup: MASTER_ADDR / MASTER_PORT name the rendezvous store the Ray learner group holds (its port picked
+by the OS at bind time); run alone, a learner forms a one-rank group on 127.0.0.1 with its own store. The optimizer
+is `torch.optim.AdamW` (with `zero_allow_untested_optimizer`), so nothing is JIT-compiled but DeepSpeed's own shm
+communication op on CPU (built once into TORCH_EXTENSIONS_DIR).
 
 Loss scaling: every micro-batch contributes sum(token losses) / num_loss_tokens_global, so the accumulated gradient
 over micro-batches and ranks is the exact token mean of the global batch however it was split. DeepSpeed averages

@@ -127,7 +127,10 @@ def test_ray_job_submit_trains_on_a_local_head(ray_head, job_inputs, tiny_model_
     run = shared / "runs" / "job"
     records = [json.loads(line) for line in (run / "metrics_grpo.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
-    assert all(r["policy_version"] == r["step"] for r in records)
+    # The engines stamped every sample with the weights pushed after the previous step (the run stops otherwise).
+    assert all(r["policy_version"] == r["step"] - 1 for r in records)
+    assert all(r["train/sampler_logprob_abs_diff_max"] < 1e-3 for r in records)
+    assert len((run / "rollouts.jsonl").read_text().splitlines()) >= 2  # the dump: one line per group per step
     assert all(r["weight_sync/check_max_abs_logprob_diff"] < 1e-3 for r in records)
     assert (run / "grpo" / "hf" / "model.safetensors").exists()
     assert (run / "grpo" / "checkpoints" / "latest").exists()

@@ -1,5 +1,5 @@
 """GRPO made exact on the real components: the learner scores the tokens the engine sampled at the sampling
-temperature: engine and learner logprobs agree (the K-rank update is in tests/distributed/test_learner_ranks_on_cpu.py)."""
+temperature: engine and learner logprobs agree (the K-rank update: tests/distributed/test_learner_ranks_on_cpu.py)."""
 
 import pytest
 import torch
