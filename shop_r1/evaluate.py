@@ -94,12 +94,27 @@ def _write_report(scored: Sequence[ScoredGeneration], out: Path, label: str, sec
     return EvalReport(label, metrics, means, failures, str(preds_path), str(metrics_path), seconds)
 
 
-def comparison_table(reports: Sequence[EvalReport]) -> str:
-    """A Table 2-style comparison of evaluation runs (one row per setting)."""
-    header = f"{'Setting':<22}{'Exact Acc.':>12}{'Type Acc.':>12}{'Type F1':>10}{'Reward':>12}{'n':>6}"
+def comparison_table(reports: Sequence[EvalReport], baseline: str = "SFT") -> str:
+    """A Table 2-style comparison of evaluation runs (one row per setting), with 95% bootstrap intervals of exact
+    match and type accuracy, and the paired bootstrap difference in exact match against the `baseline` row (same
+    held-out examples; an interval above 0 means the row beats the baseline)."""
+    from shop_r1.bootstrap import bootstrap_intervals, paired_difference
+    from shop_r1.metrics import load_predictions_jsonl
+
+    preds = {r.label: load_predictions_jsonl(r.predictions_path) for r in reports}
+    header = (f"{'Setting':<22}{'Exact Acc. [95% CI]':>26}{'Type Acc. [95% CI]':>26}{'Type F1':>10}"
+              f"{'Exact vs ' + baseline + ' (paired)':>28}{'Reward':>10}{'n':>6}")
     lines = [header, "-" * len(header)]
     for r in reports:
         m = r.metrics
-        lines.append(f"{r.label:<22}{100 * m.exact_match:>11.2f}%{100 * m.type_accuracy:>11.2f}%"
-                     f"{100 * m.type_macro_f1:>9.2f}%{r.reward_means['reward/total']:>12.3f}{m.n:>6d}")
+        iv = bootstrap_intervals(*preds[r.label])
+        cell = lambda k: f"{100 * iv[k].value:.2f}% [{100 * iv[k].low:.1f}, {100 * iv[k].high:.1f}]"  # noqa: E731
+        diff = "-"
+        if baseline in preds and r.label != baseline:
+            d = paired_difference(preds[baseline][0], preds[r.label][0], preds[r.label][1])["exact_match"]
+            diff = f"{100 * d.value:+.2f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
+        lines.append(f"{r.label:<22}{cell('exact_match'):>26}{cell('type_accuracy'):>26}"
+                     f"{100 * m.type_macro_f1:>9.2f}%{diff:>28}{r.reward_means['reward/total']:>10.3f}{m.n:>6d}")
+    lines.append("95% percentile bootstrap over the held-out examples (2,000 resamples); paired: the same resamples "
+                 "for both rows.")
     return "\n".join(lines)
