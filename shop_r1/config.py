@@ -149,8 +149,13 @@ class LearnerConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU, bfloat16 on CUDA."""
     max_tokens_per_micro_batch: int = 8192
-    """Micro-batches are packed up to this many tokens (padding included); one longer sequence is its own.
+    """Micro-batches are filled with consecutive responses up to this many tokens as the forward runs them (padding
+    included, each micro-batch trimmed to its own longest row or pack); one longer sequence is its own.
     Range: >= 1."""
+    shared_prompt: bool = True
+    """GRPO forwards (policy, reference, exact self-certainty) encode each group's prompt once: the completions that
+    share it are packed after it with a block attention mask (shop_r1/algo/shared_prompt.py), exactly equal to the
+    separate rows. Needs an attention that takes a 4D mask (eager or sdpa, not flash-attention 2)."""
     gradient_checkpointing: bool = False
     grad_clip: float = 1.0
     """Clip the global gradient norm to this. Range: > 0."""

@@ -8,7 +8,7 @@ right-padded. `completion_mask[b, t] = 1` when token t of row b is a completion 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 
@@ -44,6 +44,15 @@ class GRPOBatch:
                                                           self.rationale_mask, self.advantages,
                                                           self.sampler_logprobs)), temperature=self.temperature)
 
+    def trimmed(self) -> "GRPOBatch":
+        """The same rows cut to the longest of them (rows are right-padded, so nothing real is cut)."""
+        width = max(2, int(self.attention_mask.sum(dim=1).max())) if self.num_responses else 2
+        if width >= self.input_ids.shape[1]:
+            return self
+        return GRPOBatch(*(t[:, :width] for t in (self.input_ids, self.attention_mask, self.completion_mask,
+                                                   self.rationale_mask)), self.advantages,
+                         self.sampler_logprobs[:, :width], temperature=self.temperature)
+
     def empty_like(self, rows: int = 1) -> "GRPOBatch":
         """`rows` two-token rows that train nothing (all masks 0): what a rank with no share of the batch runs so that
         it still joins every collective forward and backward."""
@@ -51,6 +60,41 @@ class GRPOBatch:
         zeros = torch.zeros_like(ids)
         return GRPOBatch(ids, torch.ones_like(ids), zeros, zeros, torch.zeros(rows, dtype=self.advantages.dtype),
                          torch.zeros((rows, 2), dtype=self.sampler_logprobs.dtype), temperature=self.temperature)
+
+
+def micro_batch_rows(lengths: Sequence[int], budget: int,
+                     prompts: Sequence[tuple[int, Hashable]] | None = None) -> list[list[int]]:
+    """Consecutive rows split into micro-batches whose padded cost stays within `budget` tokens (a row that alone
+    exceeds it is a micro-batch of its own).
+
+    Without `prompts` a micro-batch costs rows x its longest row. With them (shared-prompt packing; prompts[b] =
+    (prompt length, a key equal for rows with the same prompt)) it costs packs x its longest pack, a pack being the
+    prompt once plus every completion that continues it.
+    """
+    out: list[list[int]] = []
+    current: list[int] = []
+    packs: dict[Hashable, int] = {}  # key -> pack length so far
+
+    def grown(b: int) -> dict[Hashable, int]:
+        length, key = prompts[b]
+        return {**packs, key: packs.get(key, length) + lengths[b] - length}
+
+    def cost_with(b: int) -> int:
+        if prompts is None:
+            return (len(current) + 1) * max(lengths[r] for r in [*current, b])
+        sizes = grown(b)
+        return len(sizes) * max(sizes.values())
+
+    for b in range(len(lengths)):
+        if current and cost_with(b) > budget:
+            out.append(current)
+            current, packs = [], {}
+        if prompts is not None:
+            packs = grown(b)
+        current.append(b)
+    if current:
+        out.append(current)
+    return out
 
 
 def build_grpo_batch(scored: Sequence[ScoredGeneration], advantages: torch.Tensor, pad_id: int,

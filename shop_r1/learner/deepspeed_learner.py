@@ -66,7 +66,8 @@ def _init_process_group(rank: int, world_size: int, backend: str) -> Any:
     """
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if dist.is_initialized():  # by this process before (another learner, or vLLM's own one-rank group)
+        os.environ.setdefault("LOCAL_RANK", "0")
         return None
     addr = os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
@@ -86,7 +87,12 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu"}
     return {
         "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,  # we accumulate ourselves (token-budget micro-batches) and step once
+        "gradient_accumulation_steps": 1,
+        # We accumulate ourselves over a varying number of token-budget micro-batches and call step() once.
+        # Unmanaged accumulation says so: backward() only accumulates, step() is the boundary that reduces over ranks
+        # and updates (managed, every backward at gradient_accumulation_steps=1 would be a boundary). See also
+        # DeepSpeedLearner._begin_micro_batch.
+        "managed_gradient_accumulation": False,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
         "bf16": {"enabled": bf16},
@@ -140,21 +146,42 @@ class DeepSpeedLearner:
         """[b, T] logprob of each completion token under `model` at the batch's sampling temperature (0 elsewhere):
         log softmax(logits / T), the distribution the engine sampled from (as TRL and verl score it)."""
         return self._target_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask,
-                                     batch.temperature)
+                                     batch.temperature, completion_mask=batch.completion_mask)
 
     def _micro_batches(self, batch: Any) -> list[Any]:
-        """This rank's micro-batches, padded with empty ones to the largest count over all ranks.
+        """This rank's micro-batches, each trimmed to its own longest row, padded with empty ones to the largest count
+        over all ranks.
 
-        Under ZeRO every forward and backward is a collective, so every rank must make the same number of them
-        whatever its share (an uneven split, or no responses at all): a rank short of micro-batches runs empty ones,
-        whose rows train no token (completion mask 0), so they add nothing to the loss or the gradient.
+        Consecutive rows fill a micro-batch up to `learner.max_tokens_per_micro_batch` padded tokens, counted as the
+        forward will run them (packed per prompt under `learner.shared_prompt`). Under ZeRO every forward and backward
+        is a collective, so every rank must make the same number of them whatever its share (an uneven split, or no
+        responses at all): a rank short of micro-batches runs empty ones, whose rows train no token (completion mask
+        0), so they add nothing to the loss or the gradient.
         """
-        out, width = [], int(batch.input_ids.shape[1])
-        per = max(1, self.cfg.max_tokens_per_micro_batch // max(width, 1))
-        for start in range(0, batch.num_responses, per):
-            out.append(batch.select(range(start, min(start + per, batch.num_responses))))
+        from shop_r1.algo.batch import micro_batch_rows
+        from shop_r1.algo.shared_prompt import prefix_lengths
+
+        lengths = [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
+        prompts = None
+        if self.cfg.shared_prompt:
+            prefixes, ids = prefix_lengths(batch.completion_mask, batch.attention_mask), batch.input_ids.tolist()
+            prompts = [(p, tuple(ids[b][:p])) for b, p in enumerate(prefixes)]
+        out = [batch.select(rows).trimmed()
+               for rows in micro_batch_rows(lengths, self.cfg.max_tokens_per_micro_batch, prompts)]
         count = int(self._all_reduce(torch.tensor([len(out)], dtype=torch.float64), "max")[0])
         return out + [batch.empty_like(rows=1)] * (count - len(out))
+
+    def _begin_micro_batch(self) -> None:
+        """What DeepSpeedEngine.forward does first, before a forward whose backward follows.
+
+        We run the module's parts directly (the vocabulary projection only at target positions), not the engine's
+        forward, so we make its bookkeeping call ourselves: ZeRO counts micro-batches there, and without it every
+        backward of a step overwrote the gradients of the ones before (only part of the batch trained; the test in
+        tests/learner/test_deepspeed_learner_on_cpu.py splits one batch into 1 and into 5 micro-batches).
+        """
+        clear = getattr(self.engine.optimizer, "clear_backward_seen_flag", None)
+        if clear is not None:
+            clear()
 
     def _all_reduce(self, values: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum (or max) a small CPU float64 vector over the learner ranks (a no-op on one rank)."""
@@ -176,14 +203,13 @@ class DeepSpeedLearner:
         out = []
         module = self.engine.module
         for mb in self._micro_batches(batch):
-            ids = mb.input_ids.to(self.device)
-            hidden = module.model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).last_hidden_state
-            for b in range(ids.shape[0]):
-                positions = mb.rationale_mask[b, 1:].nonzero().squeeze(-1).to(self.device)
-                if positions.numel() == 0:
+            hidden, source = self._hidden(module, mb.input_ids, mb.attention_mask, mb.completion_mask)
+            for b in range(mb.num_responses):
+                rows = source[b, 1:][mb.rationale_mask[b, 1:].bool().to(self.device)]
+                if rows.numel() == 0:
                     out.append(0.0)
                     continue
-                logits = module.lm_head(hidden[b, :-1].index_select(0, positions))  # [n_rationale, V] at T = 1
+                logits = module.lm_head(hidden.index_select(0, rows))  # [n_rationale, V] at T = 1
                 value = float(kl_to_uniform_logits(logits, direction).float().mean())
                 out.append(value / logits.shape[-1] if normalize_by_vocab else value)
         return out[:batch.num_responses]  # without the padding rows of _micro_batches
@@ -218,6 +244,7 @@ class DeepSpeedLearner:
             for i in group:
                 mb = micro[i]
                 mask = mb.completion_mask.to(self.device)
+                self._begin_micro_batch()
                 logp = self._logprobs(self.engine.module, mb)
                 out = grpo_loss(logp, old[i] if old[i] is not None else logp.detach(), ref[i],
                                 mb.advantages.to(self.device), mask, rl.clip_eps, eps_high, rl.kl_beta,
@@ -294,18 +321,42 @@ class DeepSpeedLearner:
             return 0
         return self._sender.send(manifest, weights)
 
+    def _hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                completion_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of `model`'s transformer over right-padded rows [b, T]: its final hidden states flattened to
+        [N, H], and source [b, T], the index in them of the state that predicts row token t (the state at t - 1).
+
+        With `learner.shared_prompt` and a completion mask, rows that share a prompt are packed so the prompt is
+        encoded once (shop_r1/algo/shared_prompt.py: same outputs and gradients as the separate rows); otherwise the
+        rows run as they are.
+        """
+        dev = self.device
+        if completion_mask is not None and self.cfg.shared_prompt:
+            from shop_r1.algo.shared_prompt import pack_shared_prompts, prefix_lengths
+
+            packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask))
+            hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
+                                 attention_mask=packed.additive_mask(model.dtype).to(dev)).last_hidden_state
+            return hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev)
+        hidden = model.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).last_hidden_state
+        rows, width = input_ids.shape
+        source = torch.arange(rows * width, device=dev).view(rows, width) - 1
+        source[:, 0] = -1
+        return hidden.reshape(-1, hidden.shape[-1]), source
+
     def _target_logprobs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         target_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+                         target_mask: torch.Tensor, temperature: float = 1.0,
+                         completion_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[b, T] logprob of token t (predicted at t-1) under softmax(logits / temperature) where target_mask[:, t]
-        is 1, else 0.
+        is 1, else 0. `completion_mask` (GRPO rows) lets rows that share a prompt encode it once (`_hidden`).
 
         The vocabulary projection runs only on the positions that are targets (assistant or completion tokens, a
         small share of page-heavy sequences), so no [b, T, V] logits tensor is ever built.
         """
         ids = input_ids.to(self.device)
-        hidden = model.model(input_ids=ids, attention_mask=attention_mask.to(self.device)).last_hidden_state
+        hidden, source = self._hidden(model, input_ids, attention_mask, completion_mask)
         where = target_mask[:, 1:].to(self.device).bool()  # [b, T-1]
-        logits = model.lm_head(hidden[:, :-1][where]).float()  # [n, V]
+        logits = model.lm_head(hidden.index_select(0, source[:, 1:][where])).float()  # [n, V]
         if temperature != 1.0:
             logits = logits / temperature
         picked = logits.gather(-1, ids[:, 1:][where].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -322,6 +373,7 @@ class DeepSpeedLearner:
         total = 0.0
         batches = list(micro_batches) or [self._empty_batch()]  # an idle rank still joins the collectives
         for mb in batches:
+            self._begin_micro_batch()
             loss = self._token_loss_sum(mb) / num_loss_tokens_global
             # DeepSpeed averages gradients over ranks; scale back so the sum over ranks is the global token mean.
             self.engine.backward(loss * self.world_size)

@@ -50,3 +50,28 @@ def test_two_ranks_give_the_one_rank_update_for_any_batch_size(ray_local_cluster
     finally:
         one.shutdown()
         two.shutdown()
+
+
+@pytest.mark.timeout(900)
+def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_local_cluster, tiny_model_dir):
+    """Shared-prompt packing on 2 ranks (a group split between them) against 1 rank running the separate rows:
+    the same global loss, gradient norm and token count, for groups with prompts of mixed lengths."""
+    from shop_r1.distributed.learner_group import LearnerGroup
+    from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
+
+    rl = RLConfig(kl_beta=0.1)
+    common = dict(zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
+    separate = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, shared_prompt=False, **common), 1e-6, 3,
+                            0, local=False, reference_path=str(tiny_model_dir))
+    shared = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, shared_prompt=True, **common), 1e-6, 3, 0,
+                          local=False, reference_path=str(tiny_model_dir))
+    try:
+        batch = _grouped_batch(3)
+        a = separate.grpo_step(batch, rl)[0]
+        b = shared.grpo_step(batch, rl)[0]
+        assert a.num_tokens == b.num_tokens == 22
+        assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+        assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-8)
+    finally:
+        separate.shutdown()
+        shared.shutdown()

@@ -50,3 +50,4 @@ def test_engine_and_learner_logprobs_agree_at_the_sampling_temperature(tiny_mode
             engine.load_weights(learner.named_weights(), version=stats.step)
     finally:
         engine.shutdown()
+
