@@ -138,6 +138,11 @@ class RolloutConfig:
     """Ray CPUs reserved per engine. Range: >= 0."""
     num_gpus_per_engine: float = 0.0
     """Set by the GPU configs (= tensor_parallel_size); 0 on CPU. Range: >= 0."""
+    max_engine_restarts: int = 3
+    """Engines that die (or hang past generate_timeout_s) are replaced, re-synced and their prompts requeued, at most
+    this many times per run; past it the run stops with an error after a checkpoint. Range: >= 0."""
+    generate_timeout_s: float = 1800.0
+    """An engine that returns none of its pending chunks within this many seconds counts as hung. Range: > 0."""
 
 
 @dataclass
@@ -327,13 +332,14 @@ RANGES: dict[str, Range] = {
     # > 0: rates, scales, timeouts, sizes given as floats
     **dict.fromkeys((
         "reward.dars_factor", "rollout.temperature", "rollout.kv_cache_gib", "learner.grad_clip", "sft.lr",
-        "reward_pool.timeout_s", "reward_pool.ready_timeout_s", "rl.lr"), Range(0, low_open=True)),
+        "reward_pool.timeout_s", "reward_pool.ready_timeout_s", "rl.lr", "rollout.generate_timeout_s"),
+        Range(0, low_open=True)),
     # >= 0: weights, Ray resources, and counts where 0 means "the default" / "all" / "never"
     **dict.fromkeys((
         "data.test_max_prompt_tokens", "reward.alpha", "rollout.top_k_logprobs", "rollout.num_cpus_per_engine",
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every"), Range(0)),
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts"), Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.balance_ratio": Range(1),
     "reward.rouge_threshold": Range(0, 1),

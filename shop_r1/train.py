@@ -21,7 +21,7 @@ from shop_r1.algo.advantages import group_advantages
 from shop_r1.algo.batch import build_grpo_batch
 from shop_r1.config import Config, config_to_dict
 from shop_r1.data.sampler import Cursor, PromptSampler
-from shop_r1.distributed.engine_group import EngineGroup
+from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.weight_sync import make_weight_sync
@@ -95,10 +95,12 @@ def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Promp
 
 
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
-             resume: bool = False, pad_id: int = 0, score_fn: ScoreFn = score_response) -> GRPOResult:
+             resume: bool = False, pad_id: int = 0, score_fn: ScoreFn = score_response,
+             engine_cls: type | None = None) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
     `score_fn` is the reward (default: the Shop-R1 hybrid reward); tests and custom tasks may pass their own.
+    `engine_cls` replaces the vLLM engine actor (fault tests).
     """
     from shop_r1.evaluate import max_model_len
 
@@ -106,7 +108,8 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     start_time = time.perf_counter()
     out, group_size = Path(out_dir), cfg.rollout.group_size
     prompts_per_step = max(1, cfg.rl.global_batch_size // group_size)
-    engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local)
+    engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
+                          engine_cls=engine_cls)
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
     learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
                             reference_path=policy_path)
@@ -130,12 +133,20 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
         while step < cfg.rl.steps:
             step += 1
             t0 = time.perf_counter()
+            before = checkpoint.TrainState(step - 1, sampler.cursor.epoch, sampler.cursor.position,
+                                           checkpoint.capture_rng())  # what a checkpoint of step - 1 holds
             indices = sampler.next_batch()
             batch_prompts = [prompts[i] for i in indices]                                    # take prompts
             # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
             spec = SamplingSpec(n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + step,
                                 max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs)
-            rollout = engines.generate_scored(batch_prompts, spec, pool)                    # generate + score
+            try:
+                rollout = engines.generate_scored(batch_prompts, spec, pool)                # generate + score
+            except EngineFailure:  # past rollout.max_engine_restarts: keep what step - 1 reached, then stop
+                if before.step > 0 and checkpoint.latest(ckpt_root) != ckpt_root / f"step_{before.step:06d}":
+                    checkpoint.save(ckpt_root, before, config_to_dict(cfg),
+                                    lambda d: learners.save_checkpoint(d, {"step": before.step}))
+                raise
             scored = rollout.scored
             t1 = time.perf_counter()
             version = check_policy_versions(scored, expected=step - 1)  # sampled by the weights pushed last
@@ -160,6 +171,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
             t4 = time.perf_counter()
             metrics = rollout_metrics(scored)                                                # log
             metrics.update(failure_counts([r for s in scored for r in s.rewards]))
+            metrics["rollout/engine_restarts"] = engines.restarts
             metrics.update({"train/skipped_update": float(update is SKIPPED), "train/loss": update.loss,
                             "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
                             "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,

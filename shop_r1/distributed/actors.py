@@ -117,6 +117,15 @@ def wait_first(refs: Sequence[Any], timeout_s: float | None = None) -> tuple[lis
     return ready, pending
 
 
+def is_actor_death(error: BaseException) -> bool:
+    """The actor's process is gone (killed, crashed, its node lost), as opposed to an error its method raised."""
+    try:
+        import ray
+    except ImportError:
+        return False
+    return isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+
+
 def kill(handle: Any) -> None:
     if isinstance(handle, LocalActor):
         return

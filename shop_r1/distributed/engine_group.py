@@ -2,20 +2,30 @@
 
 `generate_scored` streams: each engine's share is sent as a few chunks, and every chunk goes to the reward pool the
 moment it comes back, so scoring overlaps generation instead of waiting for the whole batch.
+
+Faults: an engine whose process dies during a call (killed, OOM, segfault, node lost), or that answers none of its
+chunks within `rollout.generate_timeout_s`, is replaced by a fresh engine on the same resources; `on_replace` (set by
+the weight sync) brings every engine to the learner's current weights and version before it serves again, and the
+lost chunks are resubmitted. Sampling is seeded per request, so the requeued prompts draw the samples they would
+have drawn. At most `rollout.max_engine_restarts` replacements per run, then EngineFailure.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from shop_r1.config import RolloutConfig
-from shop_r1.distributed.actors import Resources, get, kill, spawn, wait_first
+from shop_r1.distributed.actors import Resources, get, is_actor_death, kill, spawn, wait_first
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.types import Generation, Prompt, SamplingSpec, ScoredGeneration, ScoreRequest
 
 GENERATE_TIMEOUT_S = 3600.0
+
+
+class EngineFailure(RuntimeError):
+    """Rollout engines failed more often than rollout.max_engine_restarts allows."""
 
 
 @dataclass(frozen=True)
@@ -49,44 +59,98 @@ class EngineGroup:
                              "(vLLM pins this process's threads); use Ray for more")
         resources = Resources(num_cpus=cfg.num_cpus_per_engine, num_gpus=cfg.num_gpus_per_engine)
         # Each engine gets its own sampling seed so the group does not draw the same samples on every engine.
-        self.engines = [spawn(engine_cls, model_path, cfg, max_model_len, seed + 1000 * i, local=local,
-                              resources=resources) for i in range(cfg.num_engines)]
+        self._make = lambda i: spawn(engine_cls, model_path, cfg, max_model_len, seed + 1000 * i, local=local,
+                                     resources=resources)
+        self.engines = [self._make(i) for i in range(cfg.num_engines)]
         self.chunks_per_engine = 2
+        self.local, self.cfg = local, cfg
+        self.restarts = 0
+        self.on_replace: Callable[[], None] | None = None
+        """Called after every replacement: brings all engines to the learner's weights and version."""
 
-    def _chunks(self, num_prompts: int) -> list[tuple[Any, range]]:
-        """(engine, prompt range) pairs: each engine's contiguous share, cut into `chunks_per_engine` pieces."""
+    def replace(self, index: int, reason: str) -> None:
+        """Engine `index` is dead or hung: a fresh one takes its place (and its resources), then `on_replace`."""
+        if self.local:
+            raise EngineFailure(f"rollout engine {index} {reason} (local mode runs the engine in this process: "
+                                "nothing to replace)")
+        if self.restarts >= self.cfg.max_engine_restarts:
+            raise EngineFailure(f"rollout engine {index} {reason}, after {self.restarts} engine restart(s) this run "
+                                f"(rollout.max_engine_restarts={self.cfg.max_engine_restarts})")
+        self.restarts += 1
+        try:
+            kill(self.engines[index])
+        except Exception:  # noqa: BLE001 - already gone is what we expect
+            pass
+        self.engines[index] = self._make(index)
+        print(f"[engines] engine {index} {reason}: replaced by a fresh engine (restart {self.restarts} of at most "
+              f"{self.cfg.max_engine_restarts}); its prompts are requeued", flush=True)
+        if self.on_replace is not None:
+            self.on_replace()
+
+    def _chunks(self, num_prompts: int) -> list[tuple[int, range]]:
+        """(engine index, prompt range) pairs: each engine's contiguous share, cut into `chunks_per_engine` pieces."""
         out = []
-        for engine, share in zip(self.engines, split_evenly(num_prompts, len(self.engines))):
+        for index, share in enumerate(split_evenly(num_prompts, len(self.engines))):
             for piece in split_evenly(len(share), self.chunks_per_engine):
-                out.append((engine, range(share.start + piece.start, share.start + piece.stop)))
+                out.append((index, range(share.start + piece.start, share.start + piece.stop)))
         return out
+
+    def _run(self, prompt_token_ids: Sequence[Sequence[int]], spec: SamplingSpec,
+             on_chunk: Callable[[list[Generation]], None]) -> None:
+        """Every chunk generated once, `on_chunk` called with each as it returns (renumbered to batch positions).
+
+        A chunk whose engine died is resubmitted to its replacement; when no chunk returns within the timeout,
+        every engine holding one is replaced and its chunks resubmitted.
+        """
+        pending: dict[Any, tuple[int, Any, range]] = {}
+
+        def submit(index: int, rng: range) -> None:
+            handle = self.engines[index]
+            pending[handle.generate.remote([list(prompt_token_ids[i]) for i in rng], spec)] = (index, handle, rng)
+
+        for index, rng in self._chunks(len(prompt_token_ids)):
+            submit(index, rng)
+        while pending:
+            ready, _ = wait_first(list(pending), timeout_s=self.cfg.generate_timeout_s)
+            if not ready:
+                stuck = list(pending.values())
+                pending.clear()
+                for index in sorted({index for index, _, _ in stuck}):
+                    self.replace(index, f"returned nothing within rollout.generate_timeout_s="
+                                        f"{self.cfg.generate_timeout_s:g}")
+                for index, _, rng in stuck:
+                    submit(index, rng)
+                continue
+            for ref in ready:
+                index, handle, rng = pending.pop(ref)
+                try:
+                    gens = get(ref)
+                except Exception as e:  # noqa: BLE001 - only an engine's death is recovered, the rest re-raised
+                    if not is_actor_death(e):
+                        raise
+                    if self.engines[index] is handle:  # the first of its lost chunks to report: replace it once
+                        self.replace(index, f"died during generate ({type(e).__name__})")
+                    submit(index, rng)
+                    continue
+                on_chunk(_renumber(gens, rng))
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
         """All prompts' generations in the prompts' order (prompt_index renumbered to the batch position)."""
-        chunks = self._chunks(len(prompt_token_ids))
-        refs = [engine.generate.remote([list(prompt_token_ids[i]) for i in rng], spec) for engine, rng in chunks]
         out: list[Generation] = []
-        for (_, rng), gens in zip(chunks, get(refs, timeout_s=GENERATE_TIMEOUT_S)):
-            out.extend(_renumber(gens, rng))
-        return out
+        self._run(prompt_token_ids, spec, out.extend)
+        return sorted(out, key=lambda g: g.prompt_index)
 
     def generate_scored(self, prompts: Sequence[Prompt], spec: SamplingSpec, pool: RewardPool) -> ScoredBatch:
         """Generate, and score each chunk as soon as its engine returns it. Results in the prompts' order."""
         start = time.perf_counter()
-        chunks = self._chunks(len(prompts))
-        pending = {engine.generate.remote([list(prompts[i].token_ids) for i in rng], spec): rng
-                   for engine, rng in chunks}
         tickets = []
-        while pending:
-            ready, _ = wait_first(list(pending), timeout_s=GENERATE_TIMEOUT_S)
-            if not ready:
-                raise TimeoutError(f"no engine returned a generation within {GENERATE_TIMEOUT_S}s")
-            for ref in ready:
-                rng = pending.pop(ref)
-                gens = _renumber(get(ref), rng)
-                requests = [ScoreRequest(c.text, prompts[g.prompt_index].target, c.token_logprobs(g.vocab_size))
-                            for g in gens for c in g.completions]
-                tickets.append((gens, pool.submit(requests)))
+
+        def score(gens: list[Generation]) -> None:
+            requests = [ScoreRequest(c.text, prompts[g.prompt_index].target, c.token_logprobs(g.vocab_size))
+                        for g in gens for c in g.completions]
+            tickets.append((gens, pool.submit(requests)))
+
+        self._run([p.token_ids for p in prompts], spec, score)
         generated = time.perf_counter()
         scored: list[ScoredGeneration] = []
         for gens, ticket in tickets:
@@ -109,12 +173,19 @@ class EngineGroup:
     def policy_versions(self) -> list[int]:
         return get([e.policy_version.remote() for e in self.engines])
 
+    def pids(self) -> list[int]:
+        """Each engine's process id (fault tests kill one)."""
+        return get([e.pid.remote() for e in self.engines])
+
     def vocab_size(self) -> int:
         return get(self.engines[0].vocab_size.remote())
 
     def shutdown(self) -> None:
-        get([e.shutdown.remote() for e in self.engines])
         for e in self.engines:
+            try:
+                get(e.shutdown.remote(), timeout_s=120)
+            except Exception as err:  # noqa: BLE001 - a dead or stuck engine is killed below all the same
+                print(f"[engines] shutdown: {type(err).__name__}: {err}", flush=True)
             kill(e)
 
 

@@ -5,6 +5,10 @@
 - `DirectSync` (local mode): one process holds both, so the tensors are handed over directly.
 After a push every engine's `policy_version` equals the version pushed. When an update was skipped (no group had a
 signal) the weights did not change: `bump` only moves the engines' version, no bytes are sent.
+
+When the engine group replaces a dead engine it calls `on_replace`: the fresh engine is not a member of the old
+process group, so the broadcast group is formed again (a new store on a port the OS picks) and the last version is
+pushed to every engine, or recovered from an engine that died while receiving it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from shop_r1.distributed.actors import get
+from shop_r1.distributed.actors import get, is_actor_death
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.learner_group import LEARNER_TIMEOUT_S, LearnerGroup
 from shop_r1.weight_sync.broadcast import SyncGroupSpec
@@ -33,36 +37,75 @@ def bump(engines: EngineGroup, version: int) -> SyncStats:
 
 class BroadcastSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str) -> None:
-        self.learners, self.engines = learners, engines
-        addr, port = get(learners.ranks[0].open_weight_sync_store.remote())
-        spec = SyncGroupSpec(addr, port, world_size=1 + len(engines.engines), backend=backend)
-        get([learners.ranks[0].init_weight_sender.remote(spec)]
-            + [e.init_weight_receiver.remote(spec, i + 1) for i, e in enumerate(engines.engines)],
-            timeout_s=spec.timeout_s)
+        self.learners, self.engines, self.backend = learners, engines, backend
+        self.version: int | None = None  # the last version pushed (or bumped to)
+        self._connect()
         self.manifest = get(learners.ranks[0].weight_manifest.remote(bucket_bytes))
+        engines.on_replace = self._after_replace
+
+    def _connect(self) -> None:
+        """Form the sync group: learner rank 0 and every current engine."""
+        addr, port = get(self.learners.ranks[0].open_weight_sync_store.remote())
+        spec = SyncGroupSpec(addr, port, world_size=1 + len(self.engines.engines), backend=self.backend)
+        get([self.learners.ranks[0].init_weight_sender.remote(spec)]
+            + [e.init_weight_receiver.remote(spec, i + 1) for i, e in enumerate(self.engines.engines)],
+            timeout_s=spec.timeout_s)
+
+    def _after_replace(self) -> None:
+        self._connect()
+        if self.version is not None:
+            self.push(self.version)
 
     def push(self, version: int) -> SyncStats:
         start = time.perf_counter()
         refs = [r.broadcast_weights.remote(self.manifest) for r in self.learners.ranks]
-        refs += [e.receive_weights.remote(self.manifest, version) for e in self.engines.engines]
-        sent = get(refs, timeout_s=LEARNER_TIMEOUT_S)[0]
+        receivers = [e.receive_weights.remote(self.manifest, version) for e in self.engines.engines]
+        try:
+            sent = get(refs + receivers, timeout_s=LEARNER_TIMEOUT_S)[0]
+        except Exception as e:  # noqa: BLE001 - an engine that died receiving is replaced, the rest re-raised
+            if not is_actor_death(e):
+                raise
+            dead = [i for i, ref in enumerate(receivers) if _died(ref)]
+            if not dead:
+                raise
+            for ref in refs:  # the sender sees its peer go: let its broadcast end (error) before forming a new group
+                _died(ref)
+            self.version = version
+            for i in dead:
+                self.engines.replace(i, "died while loading weights")  # -> _after_replace: new group, push again
+            return SyncStats(time.perf_counter() - start, 0)
+        self.version = version
         return SyncStats(time.perf_counter() - start, int(sent))
 
     def bump(self, version: int) -> SyncStats:
+        self.version = version
         return bump(self.engines, version)
+
+
+def _died(ref: object) -> bool:
+    """Whether an actor call ended with its actor's death (waits for the call to end; other errors are not)."""
+    try:
+        get(ref, timeout_s=LEARNER_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001
+        return is_actor_death(e)
+    return False
 
 
 class DirectSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup) -> None:
         self.learners, self.engines = learners, engines
+        self.version: int | None = None
+        engines.on_replace = lambda: self.push(self.version) if self.version is not None else None
 
     def push(self, version: int) -> SyncStats:
+        self.version = version
         start = time.perf_counter()
         weights = list(get(self.learners.ranks[0].named_weights.remote()))
         self.engines.load_weights(weights, version)
         return SyncStats(time.perf_counter() - start, sum(t.numel() * t.element_size() for _, t in weights))
 
     def bump(self, version: int) -> SyncStats:
+        self.version = version
         return bump(self.engines, version)
 
 

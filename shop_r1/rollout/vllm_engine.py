@@ -124,6 +124,9 @@ class VLLMEngine:
     def policy_version(self) -> int:
         return self._version
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def set_policy_version(self, version: int) -> None:
         self._version = version
 
