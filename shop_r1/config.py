@@ -252,6 +252,9 @@ class RLConfig:
     """Leave out groups whose rewards are all equal (their advantages are 0 anyway)."""
     checkpoint_every: int = 50
     """Save a resumable checkpoint every this many steps (and at the end). Range: >= 1."""
+    max_restarts: int = 2
+    """A learner rank (or any actor the loop cannot replace) that dies ends the attempt: the driver tears the actors
+    down and resumes from the last complete checkpoint in the same process, at most this many times. Range: >= 0."""
     keep_checkpoints: int = 2
     """Keep the newest this many complete checkpoints; older ones are removed after a newer one is complete.
     Range: >= 1."""
@@ -339,7 +342,7 @@ RANGES: dict[str, Range] = {
         "data.test_max_prompt_tokens", "reward.alpha", "rollout.top_k_logprobs", "rollout.num_cpus_per_engine",
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts"), Range(0)),
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts"), Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.balance_ratio": Range(1),
     "reward.rouge_threshold": Range(0, 1),

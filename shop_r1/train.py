@@ -96,12 +96,34 @@ def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Promp
 
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
              resume: bool = False, pad_id: int = 0, score_fn: ScoreFn = score_response,
-             engine_cls: type | None = None) -> GRPOResult:
+             engine_cls: type | None = None, learner_cls: type | None = None) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
     `score_fn` is the reward (default: the Shop-R1 hybrid reward); tests and custom tasks may pass their own.
-    `engine_cls` replaces the vLLM engine actor (fault tests).
+    `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
+
+    An actor the loop cannot replace (a learner rank) that dies ends the attempt; its actors are torn down and the run
+    resumes from the last complete checkpoint, up to `rl.max_restarts` times. Steps after that checkpoint run again
+    (their log lines appear again in metrics_grpo.jsonl and rollouts.jsonl; the last occurrence is the one kept).
     """
+    from shop_r1.distributed.actors import is_actor_death
+
+    for attempt in range(cfg.rl.max_restarts + 1):
+        try:
+            return _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or attempt > 0, pad_id,
+                                     score_fn, engine_cls, learner_cls)
+        except Exception as e:  # noqa: BLE001 - only an actor's death is retried, the rest re-raised
+            if local or not is_actor_death(e) or attempt == cfg.rl.max_restarts:
+                raise
+            print(f"[grpo] an actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]}); actors torn down, "
+                  f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.rl.max_restarts})",
+                  flush=True)
+    raise AssertionError("unreachable")
+
+
+def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
+                      resume: bool, pad_id: int, score_fn: ScoreFn, engine_cls: type | None,
+                      learner_cls: type | None) -> GRPOResult:
     from shop_r1.evaluate import max_model_len
 
     check_sampling_config(cfg)
@@ -112,7 +134,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                           engine_cls=engine_cls)
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
     learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
-                            reference_path=policy_path)
+                            reference_path=policy_path, learner_cls=learner_cls)
     sync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
     sampler, step = PromptSampler(len(prompts), prompts_per_step, cfg.seed), 0
     ckpt_root = out / "checkpoints"
