@@ -1,7 +1,8 @@
 """A group of rollout engines, one per Ray actor, that splits a batch of prompts and gathers results in order.
 
-`generate_scored` streams: each engine's share is sent as a few chunks, and every chunk goes to the reward pool the
-moment it comes back, so scoring overlaps generation instead of waiting for the whole batch.
+`generate_scored` streams: each engine's share goes out as one generate call (the largest decode batch; scoring is
+under 0.2% of a step, so cutting shares into chunks to overlap it cost more than it hid), and every share goes to the
+reward pool the moment its engine returns it, so one engine's scoring overlaps the others' generation.
 
 Faults: an engine whose process dies during a call (killed, OOM, segfault, node lost), or that answers none of its
 chunks within `rollout.generate_timeout_s`, is replaced by a fresh engine on the same resources; `on_replace` (set by
@@ -62,7 +63,9 @@ class EngineGroup:
         self._make = lambda i: spawn(engine_cls, model_path, cfg, max_model_len, seed + 1000 * i, local=local,
                                      resources=resources)
         self.engines = [self._make(i) for i in range(cfg.num_engines)]
-        self.chunks_per_engine = 2
+        self.chunks_per_engine = 1
+        """Generate calls per engine per batch (more would overlap scoring with generation at the cost of smaller
+        decode batches)."""
         self.local, self.cfg = local, cfg
         self.restarts = 0
         self.on_replace: Callable[[], None] | None = None
