@@ -15,12 +15,13 @@ division is off by default and on with `normalize_by_vocab`.
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from shop_r1.config import RewardConfig, SelfCertaintyConfig
 from shop_r1.types import TokenLogprobs
+
+if TYPE_CHECKING:  # the reward layer is pure Python; only the learner's exact path below needs torch
+    import torch
 
 
 def check_reward_config(cfg: RewardConfig) -> None:
@@ -52,6 +53,8 @@ def kl_to_uniform_topk(topk_logprobs: Sequence[Sequence[float]], vocab_size: int
 
 def kl_to_uniform_logits(logits: torch.Tensor, direction: str = "p_to_u", chunk_size: int = 256) -> torch.Tensor:
     """Exact per-position KL from logits [T, V] -> [T], computed in float64 a chunk of positions at a time."""
+    import torch
+
     if direction not in ("p_to_u", "u_to_p"):
         raise ValueError(f"direction must be p_to_u or u_to_p, got {direction!r}")
     vocab = logits.shape[-1]
