@@ -104,6 +104,46 @@ def _plots(ws: Path, rows: list, out: Path) -> list[str]:
     return made
 
 
+def _temperature_plot(rows: list, results: dict[str, Any], out: Path) -> list[str]:
+    """Figure 2's axes: held-out exact match, type accuracy and type macro-F1 (95% CIs) against the RL sampling
+    temperature, the SFT model as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = []
+    for r in rows:
+        temps = [o.split("=", 1)[1] for o in (r.rl_overrides or ()) if o.startswith("rollout.temperature=")]
+        if r.name == "shop_r1":
+            temps = ["0.6"]
+        if temps and r.name in results:
+            points.append((float(temps[0]), results[r.name]["intervals"]))
+    if not points:
+        return []
+    points.sort()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for key, label in (("exact_match", "exact match"), ("type_accuracy", "type accuracy"),
+                       ("type_macro_f1", "type macro-F1")):
+        xs = [t for t, _ in points]
+        ys = [100 * iv[key]["value"] for _, iv in points]
+        err = [[100 * (iv[key]["value"] - iv[key]["low"]) for _, iv in points],
+               [100 * (iv[key]["high"] - iv[key]["value"]) for _, iv in points]]
+        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+        if "sft" in results:
+            ax.axhline(100 * results["sft"]["intervals"][key]["value"], ls="--", lw=0.8,
+                       color=line[0].get_color())
+    ax.set_xlabel("RL sampling temperature")
+    ax.set_ylabel("% on the held-out set (95% CI)")
+    ax.set_title("Shop-R1 vs RL sampling temperature (dashed: SFT)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "temperature.png", dpi=110)
+    plt.close(fig)
+    return ["temperature.png"]
+
+
 def _table(suite_name: str, rows: list, results: dict[str, Any], workspace: str) -> str:
     head = ("| Setting | Exact match % [95% CI] | Type acc. % [95% CI] | Type macro-F1 % [95% CI] | "
             "Exact vs SFT (paired, pp) | n | Paper: exact / type acc. / F1 % |")
@@ -147,6 +187,8 @@ def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path
     (out / "config.yaml").write_text(config)
     table = _table(suite_name, rows, results, suite.workspace)
     plots = _plots(ws, rows, out)
+    if suite_name == "fig2":
+        plots += _temperature_plot(rows, results, out)
     test = stats.get("rl_test") or {}
     md = [f"# {suite_name} on {MACHINE_NOTE}", "",
           f"Held-out: {test.get('num_examples', '?')} RL examples of unseen sessions "
