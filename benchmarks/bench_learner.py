@@ -8,8 +8,11 @@ micro-batching, and computes the LM head only at completion positions. Both run 
 timed steps on identical batches; reported: training tokens/s (prompt + completion tokens through forward and
 backward) for each, and the ratio group/bare.
 
+With `--group-size G > 1` the rows come in groups of G sharing one prompt (as GRPO's do), and the learner group
+also runs with `learner.shared_prompt=false`: `ratio_shared_over_unshared` is what encoding each prompt once buys.
+
 Run: python benchmarks/bench_learner.py [--model tiny|smollm2|DIR] [--batch 8] [--prompt-tokens 512]
-     [--completion-tokens 64] [--steps 3]
+     [--completion-tokens 64] [--steps 3] [--group-size 1]
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def make_batch(args: argparse.Namespace, vocab: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     t = args.prompt_tokens + args.completion_tokens
     ids = torch.randint(0, vocab, (args.batch, t), generator=g)
+    for start in range(0, args.batch, args.group_size):  # a group's rows share the first row's prompt
+        ids[start:start + args.group_size, :args.prompt_tokens] = ids[start, :args.prompt_tokens]
     completion = torch.zeros(args.batch, t, dtype=torch.long)
     completion[:, args.prompt_tokens:] = 1
     return GRPOBatch(ids, torch.ones(args.batch, t, dtype=torch.long), completion, torch.zeros_like(completion),
@@ -95,7 +100,8 @@ def group(args: argparse.Namespace) -> dict:
     runtime = start_ray(RayConfig())
     try:
         cfg = LearnerConfig(zero_stage=args.zero_stage, num_cpus_per_rank=os.cpu_count() or 1,
-                            max_tokens_per_micro_batch=args.batch * (args.prompt_tokens + args.completion_tokens))
+                            max_tokens_per_micro_batch=args.batch * (args.prompt_tokens + args.completion_tokens),
+                            shared_prompt=args.shared_prompt == "on")
         learners = LearnerGroup(args.model, cfg, 1e-6, 100, 0, local=False, reference_path=args.model)
         rl = RLConfig()
         result = _timed(args, lambda batch: learners.grpo_step(batch, rl))
@@ -127,6 +133,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--zero-stage", type=int, default=0)
+    parser.add_argument("--group-size", type=int, default=1, help="rows per shared prompt")
+    parser.add_argument("--shared-prompt", choices=("on", "off"), default="on", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("bare", "group"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -136,13 +144,18 @@ def main() -> None:
     args.model = model_dir(args.model, Path(tempfile.mkdtemp(prefix="bench_learner_")))
     common = [__file__, "--model", args.model, "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
               "--completion-tokens", str(args.completion_tokens), "--steps", str(args.steps), "--warmup",
-              str(args.warmup), "--zero-stage", str(args.zero_stage)]
+              str(args.warmup), "--zero-stage", str(args.zero_stage), "--group-size", str(args.group_size)]
     b = run_child([*common, "--side", "bare"], timeout_s=3600)
     g = run_child([*common, "--side", "group"], timeout_s=3600)
-    emit({"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
-          "completion_tokens": args.completion_tokens, "steps": args.steps, "zero_stage": args.zero_stage,
-          "bare_tokens_per_s": b["tokens_per_s"], "group_tokens_per_s": g["tokens_per_s"],
-          "ratio_group_over_bare": g["tokens_per_s"] / b["tokens_per_s"]}, args.json_out)
+    out = {"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+           "completion_tokens": args.completion_tokens, "steps": args.steps, "zero_stage": args.zero_stage,
+           "group_size": args.group_size, "bare_tokens_per_s": b["tokens_per_s"],
+           "group_tokens_per_s": g["tokens_per_s"], "ratio_group_over_bare": g["tokens_per_s"] / b["tokens_per_s"]}
+    if args.group_size > 1:
+        u = run_child([*common, "--side", "group", "--shared-prompt", "off"], timeout_s=3600)
+        out.update(group_unshared_tokens_per_s=u["tokens_per_s"],
+                   ratio_shared_over_unshared=g["tokens_per_s"] / u["tokens_per_s"])
+    emit(out, args.json_out)
 
 
 if __name__ == "__main__":
