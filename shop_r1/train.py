@@ -203,8 +203,9 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                             "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
                             "timing/advantages": t2 - t1,
                             "timing/update": t3 - t2, "timing/weight_sync": t4 - t3, "timing/step": t4 - t0,
-                            "timing/other": (t4 - t0) - (rollout.generate_s + rollout.reward_wait_s + (t3 - t2)
-                                                         + (t4 - t3)),
+                            # The rest of the step: what no stage above counts (the stages sum to timing/step).
+                            "timing/other": (t4 - t0) - (rollout.generate_s + rollout.reward_wait_s + (t2 - t1)
+                                                         + (t3 - t2) + (t4 - t3)),
                             "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
                                                                      for c in s.generation.completions) / (t1 - t0),
                             "weight_sync/bytes": synced.num_bytes, "policy_version": version})

@@ -71,6 +71,10 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
         # After every sync the engine computes the learner's logprobs (fp32), greedy and at T = 0.6 on the samples.
         assert r["weight_sync/check_max_abs_logprob_diff"] < 1e-4
         assert r["train/sampler_logprob_abs_diff_max"] < 1e-4
+        # The stages partition the step (timing/other used to count timing/advantages a second time).
+        stages = ("rollout", "reward", "advantages", "update", "weight_sync", "other")
+        assert sum(r[f"timing/{k}"] for k in stages) == pytest.approx(r["timing/step"], abs=1e-6)
+        assert r["timing/other"] >= -1e-6
     # The dump: every sample of every step, stamped by the engines with the version that sampled it.
     dumped = [json.loads(line) for line in (tmp_path / "a" / "rollouts.jsonl").read_text().splitlines()]
     assert [d["step"] for d in dumped] == [1, 1, 2, 2, 3, 3]  # 2 prompts x group 4 per step
