@@ -104,3 +104,12 @@ def test_keep_must_be_at_least_one(tmp_path):
     with pytest.raises(ValueError, match="keep=0"):
         checkpoint.prune(tmp_path, keep=0)
     assert _step_dirs(tmp_path) == ["step_000001"]
+
+
+def test_damaged_latest_pointer_is_an_error_not_a_silent_restart(tmp_path):
+    """`latest` naming a folder without its state (deleted by hand, a partial copy) must not resume from step 0."""
+    assert checkpoint.latest(tmp_path) is None  # no pointer: a fresh run
+    (tmp_path / "step_000004").mkdir()
+    (tmp_path / "latest").write_text("step_000004")
+    with pytest.raises(FileNotFoundError, match="names step_000004, which has no state.json: the checkpoint is damaged"):
+        checkpoint.latest(tmp_path)

@@ -65,6 +65,10 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_sessions(sessions_path, skip_bad_lines=cfg.skip_bad_lines)
+    if len(loaded.sessions) < 2:  # a split needs a session on each side
+        raise ValueError(f"{sessions_path}: {len(loaded.sessions)} usable session(s)"
+                         + (f" ({loaded.num_bad_lines} bad lines skipped)" if loaded.num_bad_lines else "")
+                         + ": building train and held-out examples needs at least 2")
     split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
 

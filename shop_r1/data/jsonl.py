@@ -18,11 +18,18 @@ class JsonlLine:
 
 
 def read_jsonl(path: str | Path) -> Iterator[JsonlLine]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    """Every non-blank line, decoded on its own: a line that is not UTF-8 or not JSON is reported with its place
+    (the lines after it still load)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield JsonlLine(where, None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                continue
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 yield JsonlLine(where, json.loads(line))
             except json.JSONDecodeError as e:

@@ -68,3 +68,26 @@ def test_split_is_by_session_and_deterministic():
     assert not {s.session_id for s in a.test} & {s.session_id for s in a.train}
     assert split_sessions(sessions, 0.2, seed=4).test != a.test
     assert len(split_sessions(sessions[:3], 0.01, 0).test) == 1  # a test set is never empty when asked for
+
+
+def test_non_utf8_line_is_named_and_skippable(tmp_path):
+    """A line with bytes that are not UTF-8 (a file cut mid-character, a Latin-1 export) names its place; with
+    data.skip_bad_lines it is counted and the lines after it still load."""
+    path = tmp_path / "s.jsonl"
+    good = json.dumps(GOOD).encode()
+    path.write_bytes(good + b"\n" + b'{"session_id": "caf\xe9"}\n' + json.dumps({**GOOD, "session_id": "w"}).encode())
+    with pytest.raises(SessionFormatError, match=r"s\.jsonl:2: not UTF-8 \(byte 0xe9 at column 20\)"):
+        load_sessions(path)
+    loaded = load_sessions(path, skip_bad_lines=True)
+    assert [s.session_id for s in loaded.sessions] == ["x", "w"] and loaded.num_bad_lines == 1
+
+
+def test_empty_sessions_file_is_an_error_naming_it(tmp_path, tiny_model_dir):
+    from shop_r1.config import DataConfig
+    from shop_r1.data.build import build_datasets
+
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    assert load_sessions(path).sessions == ()
+    with pytest.raises(ValueError, match=r"empty\.jsonl: 0 usable session\(s\).*needs at least 2"):
+        build_datasets(path, tmp_path / "out", tiny_model_dir, DataConfig())
