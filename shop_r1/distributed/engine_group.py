@@ -183,12 +183,14 @@ class EngineGroup:
     def vocab_size(self) -> int:
         return get(self.engines[0].vocab_size.remote())
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Ask every engine to release vLLM (all at once, `timeout_s` in all), then kill every actor: a dead or hung
+        engine does not stop the others' teardown."""
+        try:
+            get([e.shutdown.remote() for e in self.engines], timeout_s=timeout_s)
+        except Exception as err:  # noqa: BLE001 - a dead or stuck engine is killed below all the same
+            print(f"[engines] shutdown: {type(err).__name__}: {str(err).splitlines()[0][:200]}", flush=True)
         for e in self.engines:
-            try:
-                get(e.shutdown.remote(), timeout_s=120)
-            except Exception as err:  # noqa: BLE001 - a dead or stuck engine is killed below all the same
-                print(f"[engines] shutdown: {type(err).__name__}: {err}", flush=True)
             kill(e)
 
 
