@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,10 +18,20 @@ from shop_r1.config import ConfigError, load_config
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="sparse YAML of overrides on the paper's defaults")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reward.dars_factor=1 rl.steps=10")
+    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="stream the actors' own output to this console instead of RUN_DIR/logs/")
 
 
 def _config(args: argparse.Namespace):
-    return load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
+    if not (getattr(args, "verbose", False) or os.environ.get("SHOP_R1_VERBOSE") == "1"):
+        from shop_r1.distributed.actors import set_actor_log_dir
+
+        logs = Path(cfg.run_dir) / "logs"
+        set_actor_log_dir(logs)
+        print(f"shop-r1: the actors' own output (vLLM, DeepSpeed, Ray workers) goes to {logs}/ "
+              "(--verbose or SHOP_R1_VERBOSE=1 shows it here)", file=sys.stderr, flush=True)
+    return cfg
 
 
 def _out_dir(args: argparse.Namespace, cfg, *default: str) -> Path:
@@ -192,6 +203,9 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shop-r1", description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", action="store_true",
+                        help="stream the actors' own output (vLLM, DeepSpeed, Ray workers) to this console instead "
+                             "of RUN_DIR/logs/ (also SHOP_R1_VERBOSE=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval -> GRPO -> eval")

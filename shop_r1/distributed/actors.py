@@ -68,11 +68,50 @@ def actor_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+_ACTOR_LOG_DIR: str | None = None
+
+
+def set_actor_log_dir(path: str | os.PathLike | None) -> None:
+    """Actors spawned from now on write their stdout and stderr (library warnings and progress bars included) to
+    PATH/<Class>-<pid>.log instead of streaming them to this console; None: stream them (`--verbose`)."""
+    global _ACTOR_LOG_DIR
+    _ACTOR_LOG_DIR = None if path is None else os.path.abspath(path)
+
+
+def _redirect_output(path: str) -> None:
+    """Point this process's file descriptors 1 and 2 at `path` (appending): C and C++ output follows too."""
+    import sys
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _with_log_file(cls: type, log_dir: str) -> type:
+    """`cls`, whose instances first send their process's output to LOG_DIR/<Class>-<pid>.log."""
+
+    class Logged(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _redirect_output(os.path.join(log_dir, f"{cls.__name__}-{os.getpid()}.log"))
+            super().__init__(*args, **kwargs)
+
+    Logged.__name__, Logged.__qualname__ = cls.__name__, cls.__qualname__
+    return Logged
+
+
 def spawn(cls: type, *args: Any, local: bool, resources: Resources = Resources(), **kwargs: Any) -> Any:
-    """Create `cls(*args, **kwargs)` as a Ray actor (or in-process when `local`)."""
+    """Create `cls(*args, **kwargs)` as a Ray actor (or in-process when `local`); its output goes to the actor log
+    folder when one is set (`set_actor_log_dir`)."""
     if local:
         return LocalActor(cls(*args, **kwargs))
     import ray
+
+    if _ACTOR_LOG_DIR is not None:
+        cls = _with_log_file(cls, _ACTOR_LOG_DIR)
 
     options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
                                "runtime_env": {"env_vars": actor_env(resources.env)}}
