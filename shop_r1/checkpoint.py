@@ -56,14 +56,25 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+class CheckpointError(OSError):
+    """A checkpoint could not be written (a full disk, a lost mount); the previous complete one is untouched."""
+
+
 def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learner: Callable[[str], None]) -> Path:
     root = Path(root)
     final = root / f"step_{state.step:06d}"
     tmp = root / f"step_{state.step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_learner(str(tmp / "deepspeed"))
-    (tmp / "state.json").write_text(json.dumps(_jsonable({**state.__dict__, "config": config})))
+    try:
+        tmp.mkdir(parents=True)
+        save_learner(str(tmp / "deepspeed"))
+        (tmp / "state.json").write_text(json.dumps(_jsonable({**state.__dict__, "config": config})))
+    except OSError as e:  # the partial copy is removed (it may be what filled the disk); `latest` is not touched
+        shutil.rmtree(tmp, ignore_errors=True)
+        before = root / "latest"
+        kept = before.read_text().strip() if before.is_file() else "none yet"
+        raise CheckpointError(e.errno, f"checkpoint {final} not written ({e.strerror or e}); the last complete "
+                                       f"checkpoint ({kept}) is intact and `--resume` continues from it") from e
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     pointer_tmp = root / "latest.tmp"

@@ -113,3 +113,22 @@ def test_damaged_latest_pointer_is_an_error_not_a_silent_restart(tmp_path):
     (tmp_path / "latest").write_text("step_000004")
     with pytest.raises(FileNotFoundError, match="names step_000004, which has no state.json: the checkpoint is damaged"):
         checkpoint.latest(tmp_path)
+
+
+def test_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path):
+    """ENOSPC while the learner writes its shards: a CheckpointError naming the intact checkpoint, the partial copy
+    removed, `latest` unchanged (and still loadable)."""
+    import errno
+
+    _save(tmp_path, 1)
+
+    def full_disk(directory: str) -> None:
+        Path(directory).mkdir(parents=True)
+        (Path(directory) / "shard").write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_000002 not written \(No space left on device\); the "
+                                                         r"last complete checkpoint \(step_000001\) is intact"):
+        checkpoint.save(tmp_path, TrainState(2, 0, 0, checkpoint.capture_rng()), {}, full_disk)
+    assert not (tmp_path / "step_000002.tmp").exists() and not (tmp_path / "step_000002").exists()
+    assert checkpoint.latest(tmp_path) == tmp_path / "step_000001"
