@@ -142,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
     from shop_r1.distributed.runtime import ray_runtime
-    from shop_r1.evaluate import max_model_len
+    from shop_r1.rollout.engine import max_model_len
     from shop_r1.train import run_grpo
 
     cfg = _config(args)

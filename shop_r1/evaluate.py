@@ -17,6 +17,7 @@ from shop_r1.config import Config
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.metrics import EvalMetrics, compute_metrics, format_metrics_table
+from shop_r1.rollout.engine import max_model_len
 from shop_r1.rollout.metrics import REWARD_TERMS
 from shop_r1.types import RewardBreakdown, SamplingSpec, ScoredGeneration
 
@@ -35,14 +36,6 @@ class EvalReport:
 def reward_means(rewards: Sequence[RewardBreakdown]) -> dict[str, float]:
     n = max(len(rewards), 1)
     return {f"reward/{k}": sum(getattr(r, k) for r in rewards) / n for k in REWARD_TERMS}
-
-
-def max_model_len(cfg: Config, model_path: str) -> int:
-    """The engine's context: the configured maximum, capped by what the model's positions allow."""
-    from transformers import AutoConfig
-
-    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", cfg.model.max_context_tokens)
-    return min(cfg.model.max_context_tokens, positions)
 
 
 def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: str | Path, label: str,

@@ -85,7 +85,7 @@ def _rl_prompts(cfg: Config, model_dir: str, rl_examples_path: str) -> list:
 
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
-    from shop_r1.evaluate import max_model_len
+    from shop_r1.rollout.engine import max_model_len
 
     return encode_prompts(AutoTokenizer.from_pretrained(model_dir), load_rl_examples(rl_examples_path),
                           max_model_len(cfg, model_dir) - cfg.rollout.max_new_tokens)

@@ -25,7 +25,6 @@ from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.weight_sync import make_weight_sync
-from shop_r1.learner.deepspeed_learner import GRPOStepStats
 from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn
 from shop_r1.rollout.metrics import rollout_metrics
@@ -33,7 +32,7 @@ from shop_r1.rollout.records import check_policy_versions, rollout_records
 from shop_r1.reward.failures import check_failed_fraction, failure_counts
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
-from shop_r1.types import Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
+from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
 
 SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
@@ -124,7 +123,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
 def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
                       resume: bool, pad_id: int, score_fn: ScoreFn, engine_cls: type | None,
                       learner_cls: type | None) -> GRPOResult:
-    from shop_r1.evaluate import max_model_len
+    from shop_r1.rollout.engine import max_model_len
 
     check_sampling_config(cfg)
     start_time = time.perf_counter()

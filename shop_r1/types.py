@@ -246,3 +246,30 @@ class ScoredGeneration:
     prompt: Prompt
     generation: Generation
     rewards: tuple[RewardBreakdown, ...]  # [G]
+
+
+@dataclass(frozen=True)
+class GRPOStepStats:
+    """One GRPO update, every figure over the *global* batch (all ranks; token-weighted where per token)."""
+
+    loss: float
+    kl: float
+    clip_fraction: float
+    ratio_mean: float
+    grad_norm: float
+    num_tokens: int
+    step: int
+    sampler_logprob_abs_diff_mean: float = 0.0
+    """Mean |engine logprob - learner logprob| of the sampled tokens, both at the sampling temperature, under the
+    weights that sampled them (before this update): 0 up to numerics when the engines run the learner's policy."""
+    sampler_logprob_abs_diff_max: float = 0.0
+
+
+@dataclass(frozen=True)
+class SFTStepStats:
+    loss: float
+    """This rank's share of the global token-mean loss (sum over ranks = the global batch's loss)."""
+    num_tokens: int
+    grad_norm: float
+    lr: float
+    step: int

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -24,33 +23,7 @@ import torch
 
 from shop_r1.config import LearnerConfig
 from shop_r1.learner.sft_data import MicroBatch
-
-
-@dataclass(frozen=True)
-class GRPOStepStats:
-    """One GRPO update, every figure over the *global* batch (all ranks; token-weighted where per token)."""
-
-    loss: float
-    kl: float
-    clip_fraction: float
-    ratio_mean: float
-    grad_norm: float
-    num_tokens: int
-    step: int
-    sampler_logprob_abs_diff_mean: float = 0.0
-    """Mean |engine logprob - learner logprob| of the sampled tokens, both at the sampling temperature, under the
-    weights that sampled them (before this update): 0 up to numerics when the engines run the learner's policy."""
-    sampler_logprob_abs_diff_max: float = 0.0
-
-
-@dataclass(frozen=True)
-class SFTStepStats:
-    loss: float
-    """This rank's share of the global token-mean loss (sum over ranks = the global batch's loss)."""
-    num_tokens: int
-    grad_norm: float
-    lr: float
-    step: int
+from shop_r1.types import GRPOStepStats, SFTStepStats
 
 
 RENDEZVOUS_TIMEOUT_S = 600.0

@@ -5,9 +5,12 @@ Prompts are chat-templated token ids (the driver tokenizes once, so engines and 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 from shop_r1.types import Generation, SamplingSpec
+
+if TYPE_CHECKING:
+    from shop_r1.config import Config
 
 
 class RolloutEngine(Protocol):
@@ -54,3 +57,11 @@ def token_offsets(prefix_texts: Sequence[str], text: str) -> tuple[int, ...]:
         last = max(last, min(n, len(text)))
         out.append(last)
     return tuple(out)
+
+
+def max_model_len(cfg: Config, model_path: str) -> int:
+    """The engine's context: the configured maximum, capped by what the model's positions allow."""
+    from transformers import AutoConfig
+
+    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", cfg.model.max_context_tokens)
+    return min(cfg.model.max_context_tokens, positions)
