@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -91,6 +92,54 @@ def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Promp
     theirs = gen.completions[0].logprobs
     diff = max((abs(a - b) for a, b in zip(ours, theirs)), default=0.0)
     return {"weight_sync/check_max_abs_logprob_diff": diff}
+
+
+def exact_self_certainty(scored: list[ScoredGeneration], learners: LearnerGroup, cfg: Config, temperature: float,
+                         pad_id: int) -> list[ScoredGeneration]:
+    """With `reward.self_certainty.source=learner_logits` (the default), replace each response's s(r) by the exact
+    value from the policy's full logits at temperature 1 (one no-grad forward), and re-form the totals."""
+    if cfg.reward.self_certainty.source != "learner_logits":
+        return scored
+    zeros = torch.zeros(len(scored), cfg.rollout.group_size, dtype=torch.float64)
+    values = learners.rationale_self_certainty(build_grpo_batch(scored, zeros, pad_id, temperature),
+                                               cfg.reward.self_certainty.direction,
+                                               cfg.reward.self_certainty.normalize_by_vocab)
+    return with_learner_self_certainty(scored, values, cfg)
+
+
+def update_batch(scored: list[ScoredGeneration], adv: Any, cfg: Config, temperature: float, pad_id: int) -> Any:
+    """The learner's batch: every response with its advantage, minus the groups without signal when
+    `rl.drop_zero_signal_groups` (all equal rewards: zero advantages, nothing to learn)."""
+    batch = build_grpo_batch(scored, adv.advantages, pad_id, temperature)
+    if not cfg.rl.drop_zero_signal_groups:
+        return batch
+    g = cfg.rollout.group_size
+    return batch.select([p * g + i for p in range(len(scored)) if not adv.zero_signal[p] for i in range(g)])
+
+
+def step_metrics(scored: list[ScoredGeneration], rollout: Any, update: GRPOStepStats, adv: Any, synced: Any,
+                 version: int, engine_restarts: int, t: tuple[float, float, float, float, float]) -> dict[str, float]:
+    """One step's logged figures. t = the clock at the step's start, after generate + score, after the advantages,
+    after the update, after the weight sync: the timing/* stages sum to timing/step."""
+    t0, t1, t2, t3, t4 = t
+    metrics = rollout_metrics(scored)
+    metrics.update(failure_counts([r for s in scored for r in s.rewards]))
+    metrics.update({"rollout/engine_restarts": engine_restarts,
+                    "train/skipped_update": float(update is SKIPPED), "train/loss": update.loss,
+                    "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
+                    "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,
+                    "train/zero_signal_groups": adv.num_zero_signal_groups,
+                    "train/sampler_logprob_abs_diff_mean": update.sampler_logprob_abs_diff_mean,
+                    "train/sampler_logprob_abs_diff_max": update.sampler_logprob_abs_diff_max,
+                    "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
+                    "timing/advantages": t2 - t1, "timing/update": t3 - t2, "timing/weight_sync": t4 - t3,
+                    "timing/step": t4 - t0,
+                    # The rest of the step: what no stage above counts.
+                    "timing/other": (t4 - t0) - (rollout.generate_s + rollout.reward_wait_s + (t4 - t1)),
+                    "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
+                                                             for c in s.generation.completions) / (t1 - t0),
+                    "weight_sync/bytes": synced.num_bytes, "policy_version": version})
+    return metrics
 
 
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
@@ -173,16 +222,9 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             version = check_policy_versions(scored, expected=step - 1)  # sampled by the weights pushed last
             check_failed_fraction([r for s in scored for r in s.rewards], cfg.reward_pool.max_failed_fraction,
                                   where=f"GRPO step {step}")
-            if cfg.reward.self_certainty.source == "learner_logits":                      # exact s(r), T = 1
-                unscored = build_grpo_batch(scored, torch.zeros(len(scored), group_size, dtype=torch.float64),
-                                            pad_id, spec.temperature)
-                scored = with_learner_self_certainty(scored, learners.rationale_self_certainty(
-                    unscored, cfg.reward.self_certainty.direction, cfg.reward.self_certainty.normalize_by_vocab), cfg)
+            scored = exact_self_certainty(scored, learners, cfg, spec.temperature, pad_id)   # s(r) at T = 1
             adv = group_advantages(_rewards(scored))                                         # advantages
-            batch = build_grpo_batch(scored, adv.advantages, pad_id, spec.temperature)
-            if cfg.rl.drop_zero_signal_groups:
-                batch = batch.select([p * group_size + g for p in range(len(scored)) if not adv.zero_signal[p]
-                                      for g in range(group_size)])
+            batch = update_batch(scored, adv, cfg, spec.temperature, pad_id)
             t2 = time.perf_counter()
             # With every group dropped there is nothing to learn from: the update is skipped (and counted).
             update = learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED  # learner update
@@ -190,24 +232,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             # A skipped update left the weights as they were: the engines only take the new version number.
             synced = sync.push(step) if update is not SKIPPED else sync.bump(step)          # weight sync
             t4 = time.perf_counter()
-            metrics = rollout_metrics(scored)                                                # log
-            metrics.update(failure_counts([r for s in scored for r in s.rewards]))
-            metrics["rollout/engine_restarts"] = engines.restarts
-            metrics.update({"train/skipped_update": float(update is SKIPPED), "train/loss": update.loss,
-                            "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
-                            "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,
-                            "train/zero_signal_groups": adv.num_zero_signal_groups,
-                            "train/sampler_logprob_abs_diff_mean": update.sampler_logprob_abs_diff_mean,
-                            "train/sampler_logprob_abs_diff_max": update.sampler_logprob_abs_diff_max,
-                            "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
-                            "timing/advantages": t2 - t1,
-                            "timing/update": t3 - t2, "timing/weight_sync": t4 - t3, "timing/step": t4 - t0,
-                            # The rest of the step: what no stage above counts (the stages sum to timing/step).
-                            "timing/other": (t4 - t0) - (rollout.generate_s + rollout.reward_wait_s + (t2 - t1)
-                                                         + (t3 - t2) + (t4 - t3)),
-                            "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
-                                                                     for c in s.generation.completions) / (t1 - t0),
-                            "weight_sync/bytes": synced.num_bytes, "policy_version": version})
+            metrics = step_metrics(scored, rollout, update, adv, synced, version, engines.restarts,
+                                   (t0, t1, t2, t3, t4))                                     # log
             if cfg.rl.check_weight_sync:
                 metrics.update(check_weight_sync(engines, learners, batch_prompts[0], step, pad_id))
             tracker.log(step, metrics)
