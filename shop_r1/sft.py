@@ -52,7 +52,7 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
 
     group = LearnerGroup(model_path, cfg.learner, cfg.sft.lr, total_steps, cfg.seed, local=local,
                          warmup_steps=round(cfg.sft.warmup_ratio * total_steps))
-    tracker = Tracker(cfg.run_dir, cfg.logging, "sft", config_to_dict(cfg))
+    tracker = Tracker(cfg.run_dir, cfg.logging, "sft", config_to_dict(cfg), total_steps=total_steps)
     losses: list[float] = []
     step = 0
     try:

@@ -16,14 +16,22 @@ from typing import Any, Mapping
 from shop_r1.config import LoggingConfig
 
 
+# The console line of a step shows these (when logged); every figure goes to the JSONL file and wandb.
+CONSOLE_KEYS = ("sft/loss", "sft/grad_norm", "sft/lr", "reward/total", "reward/format", "reward/action_type",
+                "reward/value", "reward/self_certainty", "rollout/type_terminate", "rollout/type_invalid",
+                "train/loss", "train/kl", "train/grad_norm", "train/zero_signal_groups", "reward/num_failed",
+                "rollout/engine_restarts", "train/skipped_update")
+
+
 class Tracker:
-    def __init__(self, run_dir: str | Path, cfg: LoggingConfig, name: str, config: Mapping[str, Any] | None = None
-                 ) -> None:
+    def __init__(self, run_dir: str | Path, cfg: LoggingConfig, name: str, config: Mapping[str, Any] | None = None,
+                 total_steps: int | None = None, first_step: int = 0) -> None:
         self.path = Path(run_dir) / f"metrics_{name}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._cfg, self._name = cfg, name
         self._file = self.path.open("a", encoding="utf-8")
         self._start = time.perf_counter()
+        self._total, self._first = total_steps, first_step  # ETA over the steps this process runs (after a resume)
         self._wandb = None
         if cfg.wandb:
             import wandb
@@ -39,8 +47,15 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
         if self._cfg.console_every and step % self._cfg.console_every == 0:
-            shown = "  ".join(f"{k}={_fmt(v)}" for k, v in metrics.items() if not k.startswith("timing/"))
-            print(f"[{self._name} {step:>5d} {time.perf_counter() - self._start:7.1f}s] {shown}", flush=True)
+            shown = "  ".join(f"{k}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
+            elapsed = time.perf_counter() - self._start
+            if self._total:
+                done, left = step - self._first, self._total - step
+                eta = elapsed / max(done, 1) * max(left, 0)
+                where = f"{step:>4d}/{self._total} {elapsed:6.0f}s ETA {int(eta // 60)}m{int(eta % 60):02d}s"
+            else:
+                where = f"{step:>5d} {elapsed:7.1f}s"
+            print(f"[{self._name} {where}] {shown}", flush=True)
 
     def close(self) -> None:
         self._file.close()

@@ -193,7 +193,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
         sampler.cursor, step = Cursor(state.cursor_epoch, state.cursor_position), state.step
         print(f"resumed from {found} (step {step})", flush=True)
     sync.push(step)  # engines start from exactly the learner's weights
-    tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg))
+    tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,
+                      first_step=step)
     out.mkdir(parents=True, exist_ok=True)
     batches_log = open(out / "batches.jsonl", "a", encoding="utf-8")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
