@@ -7,6 +7,7 @@ Writes into `out_dir`: `predictions.jsonl` (one line per example: id, response, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ def reward_means(rewards: Sequence[RewardBreakdown]) -> dict[str, float]:
     return {f"reward/{k}": sum(getattr(r, k) for r in rewards) / n for k in REWARD_TERMS}
 
 
+EVAL_BATCH = 64
+"""Held-out examples per generate call: a progress line after each."""
+
+
 def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: str | Path, label: str,
              local: bool) -> EvalReport:
     """Needs Ray started (or `local`); builds its own engines and reward pool and shuts them down."""
@@ -57,10 +62,20 @@ def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: s
                              max_prompt_tokens=context - cfg.eval.max_new_tokens)
     spec = SamplingSpec(n=1, temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
                         top_k_logprobs=cfg.rollout.top_k_logprobs, seed=cfg.seed)
+    print(f"[eval {label}] {len(prompts)} examples: starting the engines and the reward pool", flush=True)
     engines = EngineGroup(model_path, cfg.rollout, context, cfg.seed, local=local)
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local)
     try:
-        scored = engines.generate_scored(prompts, spec, pool).scored
+        scored = []
+        begin = time.perf_counter()
+        for first in range(0, len(prompts), EVAL_BATCH):  # greedy and seeded per request: batches change nothing
+            part = engines.generate_scored(prompts[first:first + EVAL_BATCH], spec, pool).scored
+            scored += [dataclasses.replace(x, generation=dataclasses.replace(
+                x.generation, prompt_index=first + x.generation.prompt_index)) for x in part]
+            done, elapsed = len(scored), time.perf_counter() - begin
+            eta = elapsed / done * (len(prompts) - done)
+            print(f"[eval {label} {done:>4d}/{len(prompts)} {elapsed:6.0f}s ETA {int(eta // 60)}m{int(eta % 60):02d}s]",
+                  flush=True)
     finally:
         engines.shutdown()
         pool.shutdown()
