@@ -119,6 +119,8 @@ def run_pipeline(cfg: Config) -> PipelineResult:
         built = build_datasets(sessions_path, run / "data", model_dir, cfg.data, seed=cfg.seed)
         print(built.render())
 
+    print("starting Ray" + (" (local mode: everything in this process)" if cfg.ray.local_mode else
+                            f" ({cfg.ray.address or 'a private cluster on this machine'})"), flush=True)
     runtime = start_ray(cfg.ray)
     local = runtime.local_mode
     reports = []

@@ -50,6 +50,8 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     print(f"SFT: {len(sequences)} conversations ({tokenized.num_dropped} dropped as too long), "
           f"{cfg.sft.epochs} epochs x {steps_per_epoch} steps, {cfg.learner.num_ranks} rank(s)", flush=True)
 
+    print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s) (the first run on a machine builds DeepSpeed's "
+          "CPU communication op: about a minute)", flush=True)
     group = LearnerGroup(model_path, cfg.learner, cfg.sft.lr, total_steps, cfg.seed, local=local,
                          warmup_steps=round(cfg.sft.warmup_ratio * total_steps))
     tracker = Tracker(cfg.run_dir, cfg.logging, "sft", config_to_dict(cfg), total_steps=total_steps)

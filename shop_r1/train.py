@@ -178,6 +178,9 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     start_time = time.perf_counter()
     out, group_size = Path(out_dir), cfg.rollout.group_size
     prompts_per_step = max(1, cfg.rl.global_batch_size // group_size)
+    print(f"  starting {cfg.rollout.num_engines} rollout engine(s) (vLLM), {cfg.reward_pool.num_workers} reward "
+          f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy (DeepSpeed), and the "
+          "weight-sync group", flush=True)
     engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
                           engine_cls=engine_cls)
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
