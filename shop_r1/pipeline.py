@@ -32,7 +32,12 @@ def _stage(name: str, cfg: Config) -> Iterator[None]:
     print(f"==> {name} ...", flush=True)
     start = time.perf_counter()
     yield
-    print(f"<== {name} done in {time.perf_counter() - start:.1f}s", flush=True)
+    seconds = time.perf_counter() - start
+    print(f"<== {name} done in {seconds:.1f}s", flush=True)
+    times_path = Path(cfg.run_dir) / "stage_seconds.json"  # the report's time per stage
+    times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    times[name] = round(seconds, 1)
+    times_path.write_text(json.dumps(times, indent=2))
     mirror_or_warn(cfg.run_dir, cfg.storage_uri)
 
 

@@ -163,6 +163,36 @@ def grpo_plots(log: MetricsLog, out: Path) -> list[Path]:
     return [p for p in made if p is not None]
 
 
+def sample_rollouts(path: Path, per_step: int = 2, chars: int = 300) -> list[str]:
+    """A few samples of the first and the last logged GRPO step (the first group of each), with their rewards."""
+    if not path.exists():
+        return []
+    groups = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            groups.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line of a killed run
+    if not groups:
+        return []
+    first, last = groups[0], groups[-1]
+    md = ["## Sample rollouts", "",
+          f"From `{path.name}` (every sample of every step is there): the first group of step {first['step']} and "
+          f"of step {last['step']}.", ""]
+    for g in ([first, last] if last is not first else [first]):
+        md.append(f"**Step {g['step']}, example `{g['example_id']}`**")
+        md.append("")
+        for x in g["samples"][:per_step]:
+            r = x["reward"]
+            text = x["text"] if len(x["text"]) <= chars else x["text"][:chars] + " ..."
+            md += [f"- total {r['total']:.3f} (format {r['format']:g}, type {r['action_type']:g}, attribute "
+                   f"{r['attribute']:g}, value {r['value']:g}, s(r) {r['self_certainty']:.3f}), advantage "
+                   f"{x['advantage']:+.3f}, policy version {x['policy_version']}", "",
+                   "  ```", "  " + text.replace("\n", "\n  "), "  ```"]
+        md.append("")
+    return md
+
+
 def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
     """Write the report of `run_dir` (default into RUN_DIR/report). Needs at least one metrics file or eval."""
     run = Path(run_dir)
@@ -200,6 +230,12 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repor
             if p is not None:
                 plots.append(p)
                 md += [f"![{p.stem}]({p.name})", ""]
+    md += sample_rollouts(run / "rollouts.jsonl")
+    times_path = run / "stage_seconds.json"
+    if times_path.exists():
+        times = json.loads(times_path.read_text())
+        md += ["## Time per stage", "", "| stage | seconds |", "|---|---|",
+               *[f"| {k} | {v:.0f} |" for k, v in times.items()], f"| total | {sum(times.values()):.0f} |", ""]
     if notes:
         md += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     path = out / "report.md"

@@ -83,3 +83,22 @@ def test_report_cli_and_empty_folder(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="has no metrics_grpo.jsonl"):
         make_report(tmp_path / "empty")
+
+
+def test_report_shows_sample_rollouts_and_time_per_stage(tmp_path):
+    run = _run_folder(tmp_path)
+    reward = {"format": 0.5, "action_type": 0.3, "attribute": 0.2, "value": 1000.0, "self_certainty": 6.5,
+              "total": 1001.0325, "format_valid": True, "error": None}
+    groups = [{"step": s, "example_id": f"ex{s}", "prompt_token_ids": [1, 2],
+               "samples": [{"text": f'{{"rationale": "step {s} sample {i}"}}', "token_ids": [3], "logprobs": [-0.1],
+                            "finish_reason": "stop", "reward": reward, "advantage": 0.5 - i,
+                            "policy_version": s - 1} for i in range(3)]} for s in (1, 2, 3)]
+    (run / "rollouts.jsonl").write_text("\n".join(json.dumps(g) for g in groups) + "\n{\"step\": 4, \"tor")
+    (run / "stage_seconds.json").write_text(json.dumps({"SFT": 500.0, "GRPO (Shop-R1)": 250.4}))
+    text = make_report(run).markdown_path.read_text()
+    rollouts = text[text.index("## Sample rollouts"):text.index("## Time per stage")]
+    assert "step 1, example `ex1`" in rollouts.lower() and "step 3, example `ex3`" in rollouts.lower()
+    assert "step 2" not in rollouts.lower().replace("step 1 and of step 3", "")  # first and last step only
+    assert rollouts.count("- total 1001.03") == 4  # 2 samples of each
+    assert "advantage +0.500, policy version 0" in rollouts and "step 3 sample 1" in rollouts
+    assert "| SFT | 500 |" in text and "| GRPO (Shop-R1) | 250 |" in text and "| total | 750 |" in text
