@@ -54,6 +54,10 @@ class RewardConfig:
     action_reward: Literal["hierarchical", "binary"] = "hierarchical"
     """Table 4: 'binary' gives 1.0 for an exact action match (the evaluation rule), else 0."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
+    function: str = ""
+    """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,
+    logprobs) -> RewardBreakdown in the reward actors (shop_r1/reward/worker.py: ScoreFn). Empty: the Shop-R1 hybrid
+    reward. The module must be importable on every node."""
 
     @property
     def effective_dars(self) -> float:
@@ -342,7 +346,8 @@ RANGES: dict[str, Range] = {
         "data.test_max_prompt_tokens", "reward.alpha", "rollout.top_k_logprobs", "rollout.num_cpus_per_engine",
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts"), Range(0)),
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts"),
+        Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.balance_ratio": Range(1),
     "reward.rouge_threshold": Range(0, 1),

@@ -26,8 +26,8 @@ from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.weight_sync import make_weight_sync
-from shop_r1.reward.scorer import score_response, with_exact_self_certainty
-from shop_r1.reward.worker import ScoreFn
+from shop_r1.reward.scorer import with_exact_self_certainty
+from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics
 from shop_r1.rollout.records import check_policy_versions, rollout_records
 from shop_r1.reward.failures import check_failed_fraction, failure_counts
@@ -143,11 +143,11 @@ def step_metrics(scored: list[ScoredGeneration], rollout: Any, update: GRPOStepS
 
 
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
-             resume: bool = False, pad_id: int = 0, score_fn: ScoreFn = score_response,
+             resume: bool = False, pad_id: int = 0, score_fn: ScoreFn | None = None,
              engine_cls: type | None = None, learner_cls: type | None = None) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
-    `score_fn` is the reward (default: the Shop-R1 hybrid reward); tests and custom tasks may pass their own.
+    `score_fn` is the reward (default: `reward.function`, whose default is the Shop-R1 hybrid reward).
     `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
 
     An actor the loop cannot replace (a learner rank) that dies ends the attempt; its actors are torn down and the run
@@ -156,6 +156,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     """
     from shop_r1.distributed.actors import is_actor_death
 
+    score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.function)
     for attempt in range(cfg.rl.max_restarts + 1):
         try:
             return _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or attempt > 0, pad_id,

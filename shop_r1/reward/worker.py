@@ -39,3 +39,23 @@ class RewardWorker:
 
     def ping(self) -> bool:
         return True
+
+
+def load_score_fn(spec: str) -> ScoreFn:
+    """`reward.function` ("package.module:function") -> the function; empty -> the Shop-R1 hybrid reward."""
+    if not spec:
+        return score_response
+    from importlib import import_module
+
+    from shop_r1.config import ConfigError
+
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"reward.function={spec!r}: expected 'package.module:function'")
+    try:
+        fn = getattr(import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"reward.function={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
+    if not callable(fn):
+        raise ConfigError(f"reward.function={spec!r}: {type(fn).__name__} is not callable")
+    return fn
