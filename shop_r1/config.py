@@ -54,7 +54,7 @@ class RewardConfig:
     action_reward: Literal["hierarchical", "binary"] = "hierarchical"
     """Table 4: 'binary' gives 1.0 for an exact action match (the evaluation rule), else 0."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
-    function: str = ""
+    fn: str = ""
     """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,
     logprobs) -> RewardBreakdown in the reward actors (shop_r1/reward/worker.py: ScoreFn). Empty: the Shop-R1 hybrid
     reward. The module must be importable on every node."""

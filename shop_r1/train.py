@@ -147,7 +147,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
              engine_cls: type | None = None, learner_cls: type | None = None) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
-    `score_fn` is the reward (default: `reward.function`, whose default is the Shop-R1 hybrid reward).
+    `score_fn` is the reward (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
     `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
 
     An actor the loop cannot replace (a learner rank) that dies ends the attempt; its actors are torn down and the run
@@ -156,7 +156,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     """
     from shop_r1.distributed.actors import is_actor_death
 
-    score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.function)
+    score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
     for attempt in range(cfg.rl.max_restarts + 1):
         try:
             return _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or attempt > 0, pad_id,

@@ -19,10 +19,12 @@ def test_pure_modules_import_none_of_ray_vllm_deepspeed():
     assert out.stdout.strip() == "", f"pure modules imported {out.stdout.strip()}"
 
 
-def test_the_reward_layer_is_pure_python():
-    """Reward actors import only the reward layer: no torch (1.4 s and ~300 MB per worker before)."""
+def test_the_reward_data_config_and_metrics_layers_import_no_torch():
+    """Reward actors, `shop-r1 reward score` and `shop-r1 eval metrics` import only these: no torch (1.4 s and
+    ~300 MB per reward worker before)."""
     code = ("import sys\n"
             "import shop_r1.reward, shop_r1.reward.scorer, shop_r1.reward.worker, shop_r1.reward.io\n"
+            "import shop_r1.data, shop_r1.data.build, shop_r1.data.examples, shop_r1.config, shop_r1.metrics\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

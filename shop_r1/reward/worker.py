@@ -42,7 +42,7 @@ class RewardWorker:
 
 
 def load_score_fn(spec: str) -> ScoreFn:
-    """`reward.function` ("package.module:function") -> the function; empty -> the Shop-R1 hybrid reward."""
+    """`reward.fn` ("package.module:function") -> the function; empty -> the Shop-R1 hybrid reward."""
     if not spec:
         return score_response
     from importlib import import_module
@@ -51,11 +51,11 @@ def load_score_fn(spec: str) -> ScoreFn:
 
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
-        raise ConfigError(f"reward.function={spec!r}: expected 'package.module:function'")
+        raise ConfigError(f"reward.fn={spec!r}: expected 'package.module:function'")
     try:
         fn = getattr(import_module(module_name), name)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"reward.function={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"reward.fn={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
     if not callable(fn):
-        raise ConfigError(f"reward.function={spec!r}: {type(fn).__name__} is not callable")
+        raise ConfigError(f"reward.fn={spec!r}: {type(fn).__name__} is not callable")
     return fn

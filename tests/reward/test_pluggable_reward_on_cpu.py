@@ -1,4 +1,4 @@
-"""`reward.function`: a reward of one's own, loaded by import path, with config errors that name the key."""
+"""`reward.fn`: a reward of one's own, loaded by import path, with config errors that name the key."""
 
 import pytest
 
@@ -15,8 +15,8 @@ def length_reward(response, target, cfg, logprobs):
 
 def test_default_is_the_shop_r1_reward_and_a_path_loads_a_function():
     assert load_score_fn("") is score_response
-    cfg = load_config(None, [f"reward.function={__name__}:length_reward"])
-    fn = load_score_fn(cfg.reward.function)
+    cfg = load_config(None, [f"reward.fn={__name__}:length_reward"])
+    fn = load_score_fn(cfg.reward.fn)
     assert fn is length_reward
     # The reward actors' worker scores with it.
     scored = RewardWorker(cfg.reward, fn).score([ScoreRequest("abcd", Action("terminate"))])
