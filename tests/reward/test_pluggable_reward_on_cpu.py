@@ -30,6 +30,6 @@ def test_default_is_the_shop_r1_reward_and_a_path_loads_a_function():
     ("shop_r1.reward.scorer:__name__", "str is not callable"),
 ])
 def test_bad_paths_name_the_key(spec, message):
-    with pytest.raises(ConfigError, match=r"reward\.function=") as err:
+    with pytest.raises(ConfigError, match=r"reward\.fn=") as err:
         load_score_fn(spec)
     assert message in str(err.value)
