@@ -35,3 +35,14 @@ def test_the_check_itself_sees_a_heavy_import():
     code = "import sys, ray; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_python_api_names_resolve_lazily():
+    """`from shop_r1 import ...` gives the documented API; `import shop_r1` alone loads none of the heavy stack."""
+    code = ("import sys, shop_r1\n"
+            "light = not any(m in sys.modules for m in ('torch', 'ray', 'vllm', 'deepspeed', 'shop_r1.train'))\n"
+            "from shop_r1 import load_config, run_pipeline, run_grpo, run_sft, run_eval, score_response, make_report\n"
+            "cfg = load_config(None, ['rl.steps=3'])\n"
+            "print(light, cfg.rl.steps, run_grpo.__module__, run_eval.__module__, sorted(shop_r1.__all__)[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "3", "shop_r1.train", "shop_r1.evaluate", "Config"]
