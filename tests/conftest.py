@@ -9,6 +9,19 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest  # noqa: E402
 
+# Tests that start Ray, vLLM or DeepSpeed, or build a model: everything under these folders, and any test that uses
+# one of these fixtures. `pytest -m "not heavy"` is the quick inner loop (the pure layers, about a minute).
+HEAVY_DIRS = ("distributed", "learner", "rollout", "weight_sync", "gpu", "benchmarks", "models")
+HEAVY_FIXTURES = {"tiny_model_dir", "tiny_tokenizer", "ray_local_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.parts
+        in_heavy_dir = "tests" in parts and parts[parts.index("tests") + 1] in HEAVY_DIRS
+        if in_heavy_dir or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.heavy)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
