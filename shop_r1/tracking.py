@@ -32,6 +32,7 @@ class Tracker:
         self._file = self.path.open("a", encoding="utf-8")
         self._start = time.perf_counter()
         self._total, self._first = total_steps, first_step  # ETA over the steps this process runs (after a resume)
+        self._first_logged: tuple[int, float] | None = None
         self._wandb = None
         if cfg.wandb:
             import wandb
@@ -50,8 +51,14 @@ class Tracker:
             shown = "  ".join(f"{k}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
             elapsed = time.perf_counter() - self._start
             if self._total:
-                done, left = step - self._first, self._total - step
-                eta = elapsed / max(done, 1) * max(left, 0)
+                # The rate from the first logged step on (the start-up before it is not a step's cost).
+                if self._first_logged is None:
+                    self._first_logged = (step, elapsed)
+                    rate = elapsed / max(step - self._first, 1)
+                else:
+                    first_step, first_time = self._first_logged
+                    rate = (elapsed - first_time) / max(step - first_step, 1)
+                eta = rate * max(self._total - step, 0)
                 where = f"{step:>4d}/{self._total} {elapsed:6.0f}s ETA {int(eta // 60)}m{int(eta % 60):02d}s"
             else:
                 where = f"{step:>5d} {elapsed:7.1f}s"
