@@ -8,6 +8,7 @@ Suites (rows share the data, the model and the SFT stage; each row is one GRPO r
     table4  Shop-R1 without format / rationale reward / reward scale, binary action reward   (paper Table 4)
     fig2    Shop-R1 at RL sampling temperatures 0.2 .. 1.0                                   (paper Figure 2)
     vocab   Shop-R1 with and without Eq. 3's division of s(r) by |V|
+    seeds   Shop-R1 with GRPO seeds 1 and 2 beside the default run (how much of a row is the seed)
     table5  SFT and Shop-R1 with whole-session context (a second data/SFT workspace)         (paper Table 5)
 
 Stages and what marks them done (a finished stage is never redone; GRPO resumes from its last checkpoint):
@@ -78,6 +79,10 @@ SUITES: dict[str, Suite] = {
                               for t in ("0.2", "0.4", "0.6", "0.8", "1.0")))),
     "vocab": Suite((SFT_ROW, SHOP_R1, Row("normalize_by_vocab", "Shop-R1, s(r)/|V| (Eq. 3 literally)",
                                           ("reward.self_certainty.normalize_by_vocab=true",)))),
+    # The same Shop-R1 run with other GRPO seeds (prompt order and sampling; same SFT model): how much of a row is
+    # the seed.
+    "seeds": Suite((SFT_ROW, SHOP_R1, *(Row(f"shop_r1_seed{k}", f"SFT + Shop-R1, GRPO seed {k}", (f"seed={k}",))
+                                        for k in (1, 2)))),
     "table5": Suite((SFT_ROW, SHOP_R1), workspace_overrides=("data.context=whole_session",
                                                                "data.max_prompt_tokens=3900"),
                     workspace="whole_session"),
