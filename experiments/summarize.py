@@ -59,6 +59,19 @@ def _smooth(values: list[float], k: int = 5) -> list[float]:
     return [sum(values[max(0, i - k + 1):i + 1]) / len(values[max(0, i - k + 1):i + 1]) for i in range(len(values))]
 
 
+def _save(fig: Any, axes: Any, path: Path, legend_size: int) -> str:
+    """Grid and legend on every axis, then the PNG written and the figure closed; returns the file name."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def _plots(ws: Path, rows: list, out: Path) -> list[str]:
     import matplotlib
 
@@ -80,12 +93,7 @@ def _plots(ws: Path, rows: list, out: Path) -> list[str]:
     axes[1].set_title("format + type + attribute reward (5-step mean)")
     for ax in axes:
         ax.set_xlabel("GRPO step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "reward.png", dpi=110)
-    plt.close(fig)
-    made.append("reward.png")
+    made.append(_save(fig, axes, out / "reward.png", legend_size=7))
     kinds = ("click", "type_and_submit", "terminate", "invalid")
     fig, axes = plt.subplots(1, len(logs), figsize=(4 * len(logs), 3.5), squeeze=False)
     for ax, (label, log) in zip(axes[0], logs.items()):
@@ -136,12 +144,7 @@ def _temperature_plot(rows: list, results: dict[str, Any], out: Path) -> list[st
     ax.set_xlabel("RL sampling temperature")
     ax.set_ylabel("% on the held-out set (95% CI)")
     ax.set_title("Shop-R1 vs RL sampling temperature (dashed: SFT)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "temperature.png", dpi=110)
-    plt.close(fig)
-    return ["temperature.png"]
+    return [_save(fig, [ax], out / "temperature.png", legend_size=8)]
 
 
 def _table(suite_name: str, rows: list, results: dict[str, Any], workspace: str) -> str:
