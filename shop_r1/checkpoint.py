@@ -1,7 +1,8 @@
 """Resumable GRPO checkpoints, written atomically.
 
     <run>/checkpoints/step_000010/   DeepSpeed state (weights + optimizer) and state.json (step, data cursor, RNG,
-                                     resolved config)
+                                     resolved config); with rl.async_level=1 also pending_rollout.pkl (the rollout
+                                     already made for the next step)
     <run>/checkpoints/latest         the name of the newest complete checkpoint
 
 A checkpoint is written into `step_N.tmp` and renamed when complete; `latest` is replaced (atomically) only after
@@ -60,7 +61,9 @@ class CheckpointError(OSError):
     """A checkpoint could not be written (a full disk, a lost mount); the previous complete one is untouched."""
 
 
-def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learner: Callable[[str], None]) -> Path:
+def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learner: Callable[[str], None],
+         extra: dict[str, bytes] | None = None) -> Path:
+    """`extra`: more files of the driver's state (e.g. the rollout already made for the next step), by name."""
     root = Path(root)
     final = root / f"step_{state.step:06d}"
     tmp = root / f"step_{state.step:06d}.tmp"
@@ -68,6 +71,8 @@ def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learn
     try:
         tmp.mkdir(parents=True)
         save_learner(str(tmp / "deepspeed"))
+        for name, data in (extra or {}).items():
+            (tmp / name).write_bytes(data)
         (tmp / "state.json").write_text(json.dumps(_jsonable({**state.__dict__, "config": config})))
     except OSError as e:  # the partial copy is removed (it may be what filled the disk); `latest` is not touched
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,6 +101,12 @@ def latest(root: str | Path) -> Path | None:
 def load_state(path: str | Path) -> TrainState:
     raw = json.loads((Path(path) / "state.json").read_text())
     return TrainState(raw["step"], raw["cursor_epoch"], raw["cursor_position"], raw["rng"])
+
+
+def read_extra(path: str | Path, name: str) -> bytes | None:
+    """A file `save` wrote through `extra`, or None when that checkpoint has none."""
+    file = Path(path) / name
+    return file.read_bytes() if file.is_file() else None
 
 
 _COMPLETE = re.compile(r"step_(\d+)")  # step_N.tmp (being written) and step_N.deleting do not match

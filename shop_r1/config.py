@@ -67,7 +67,10 @@ class RewardConfig:
 @dataclass
 class DataConfig:
     sessions_path: str = ""
-    """JSONL sessions to train on; empty means synthesize `synth_num_sessions` sessions with `synth_seed`."""
+    """Sessions to train on: a `.jsonl` file (one session a line), a `.parquet` file (one session a row, columns
+    `session_id` and `steps`), or a folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict with
+    one split or a `train` split). All are validated alike; errors name `FILE:LINE` or `SOURCE row N` (N from 0).
+    Empty means synthesize `synth_num_sessions` sessions with `synth_seed`."""
     synth_num_sessions: int = 400
     """Sessions the synthetic shop generates when no `sessions_path` is given. Range: >= 1."""
     synth_seed: int = 0
@@ -266,6 +269,14 @@ class RLConfig:
     """Size bound of one broadcast bucket during weight sync. Range: >= 1."""
     check_weight_sync: bool = False
     """Debug: after every sync, compare the engines' logprobs with the learner's on a probe batch."""
+    async_level: int = 0
+    """0: synchronous (generate, then update, then sync). 1: one-step-off: the rollout of step t+1 is generated while
+    step t's update runs, by the weights of step t-1 (every sample's policy lag, recorded per sample, is at most 1);
+    the loss then corrects for the stale sampler with a capped importance weight. Range: in [0, 1]."""
+    async_is_cap: float = 2.0
+    """With async_level=1: the per-token importance weight pi_learner / pi_sampler (both at the sampling
+    temperature, before the update) on the surrogate is truncated at this value (truncated importance sampling, as
+    TRL's vLLM importance-sampling correction). Range: >= 1."""
 
 
 @dataclass
@@ -358,6 +369,8 @@ RANGES: dict[str, Range] = {
     "sft.warmup_ratio": Range(0, 1, high_open=True),
     "rl.clip_eps": Range(0, 1, low_open=True, high_open=True),
     "rl.clip_eps_high": Range(0, 1, high_open=True),
+    "rl.async_level": Range(0, 1),
+    "rl.async_is_cap": Range(1),
 }
 """Every int/float field's allowed values, by dotted key; each field's docstring repeats it as "Range: ...".
 Seeds (`seed`, `data.synth_seed`) take any int and are the only numeric fields not listed."""

@@ -25,17 +25,18 @@ from shop_r1.data.sampler import Cursor, PromptSampler
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.reward_pool import RewardPool
+from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
 from shop_r1.distributed.weight_sync import make_weight_sync
+from shop_r1.reward.failures import check_failed_fraction, failure_counts
 from shop_r1.reward.scorer import with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics
-from shop_r1.rollout.records import check_policy_versions, rollout_records
-from shop_r1.reward.failures import check_failed_fraction, failure_counts
+from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
 from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
-
+PENDING_ROLLOUT = "pending_rollout.pkl"
 SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
 
 
@@ -117,28 +118,46 @@ def update_batch(scored: list[ScoredGeneration], adv: Any, cfg: Config, temperat
     return batch.select([p * g + i for p in range(len(scored)) if not adv.zero_signal[p] for i in range(g)])
 
 
-def step_metrics(scored: list[ScoredGeneration], rollout: Any, update: GRPOStepStats, adv: Any, synced: Any,
-                 version: int, engine_restarts: int, t: tuple[float, float, float, float, float]) -> dict[str, float]:
+def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: GRPOStepStats, adv: Any, synced: Any,
+                 engine_restarts: int, t: tuple[float, float, float, float, float], push_wait_s: float = 0.0
+                 ) -> dict[str, float]:
     """One step's logged figures. t = the clock at the step's start, after generate + score, after the advantages,
-    after the update, after the weight sync: the timing/* stages sum to timing/step."""
+    after the update, after the weight sync: the timing/* stages sum to timing/step.
+
+    One-step-off (the rollout was made beside the previous update): timing/rollout is what this step waited for
+    rollouts (taking its own, and before the push, the next one's: `push_wait_s`), timing/reward 0, and
+    timing/rollout_overlapped the generate + score time that ran beside the update."""
     t0, t1, t2, t3, t4 = t
+    step = rollout.step
+    made = rollout.batch
+    lags = [step - 1 - c.policy_version for s in scored for c in s.generation.completions]
+    overlapped = rollout.version < step - 1
     metrics = rollout_metrics(scored)
     metrics.update(failure_counts([r for s in scored for r in s.rewards]))
     metrics.update({"rollout/engine_restarts": engine_restarts,
+                    "rollout/policy_lag_mean": sum(lags) / max(len(lags), 1),
+                    "rollout/policy_lag_max": max(lags, default=0),
                     "train/skipped_update": float(update is SKIPPED), "train/loss": update.loss,
                     "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
                     "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,
                     "train/zero_signal_groups": adv.num_zero_signal_groups,
                     "train/sampler_logprob_abs_diff_mean": update.sampler_logprob_abs_diff_mean,
                     "train/sampler_logprob_abs_diff_max": update.sampler_logprob_abs_diff_max,
-                    "timing/rollout": rollout.generate_s, "timing/reward": rollout.reward_wait_s,
-                    "timing/advantages": t2 - t1, "timing/update": t3 - t2, "timing/weight_sync": t4 - t3,
-                    "timing/step": t4 - t0,
-                    # The rest of the step: what no stage above counts.
-                    "timing/other": (t4 - t0) - (rollout.generate_s + rollout.reward_wait_s + (t4 - t1)),
+                    "train/is_weight_mean": update.is_weight_mean,
+                    "train/is_truncated_fraction": update.is_truncated_fraction,
+                    "timing/advantages": t2 - t1, "timing/update": t3 - t2, "timing/step": t4 - t0,
                     "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
-                                                             for c in s.generation.completions) / (t1 - t0),
-                    "weight_sync/bytes": synced.num_bytes, "policy_version": version})
+                                                             for c in s.generation.completions) / made.generate_s,
+                    "weight_sync/bytes": synced.num_bytes, "policy_version": rollout.version})
+    if overlapped or push_wait_s:
+        metrics.update({"timing/rollout": (t1 - t0) + push_wait_s, "timing/reward": 0.0,
+                        "timing/weight_sync": (t4 - t3) - push_wait_s, "timing/other": 0.0,
+                        "timing/rollout_overlapped": made.generate_s + made.reward_wait_s})
+    else:
+        metrics.update({"timing/rollout": made.generate_s, "timing/reward": made.reward_wait_s,
+                        "timing/weight_sync": t4 - t3,
+                        # The rest of the step: what no stage above counts.
+                        "timing/other": (t4 - t0) - (made.generate_s + made.reward_wait_s + (t4 - t1))})
     return metrics
 
 
@@ -161,13 +180,38 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
         try:
             return _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or attempt > 0, pad_id,
                                      score_fn, engine_cls, learner_cls)
-        except Exception as e:  # noqa: BLE001 - only an actor's death is retried, the rest re-raised
+        except Exception as e:
             if local or not is_actor_death(e) or attempt == cfg.rl.max_restarts:
                 raise
             print(f"[grpo] an actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]}); actors torn down, "
                   f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.rl.max_restarts})",
                   flush=True)
     raise AssertionError("unreachable")
+
+
+@dataclass
+class _RunFiles:
+    """The run's append-only logs: which prompts each step took, and the per-sample rollout dump."""
+
+    batches: Any
+    rollouts: Any
+
+    @classmethod
+    def open(cls, out: Path, run_dir: str) -> _RunFiles:
+        out.mkdir(parents=True, exist_ok=True)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        return cls(open(out / "batches.jsonl", "a", encoding="utf-8"),
+                   open(Path(run_dir) / "rollouts.jsonl", "a", encoding="utf-8"))
+
+    def write(self, step: int, prompts: list[Prompt], scored: list[ScoredGeneration], advantages: list) -> None:
+        self.batches.write(json.dumps({"step": step, "example_ids": [p.example_id for p in prompts]}) + "\n")
+        self.batches.flush()
+        self.rollouts.writelines(json.dumps(r) + "\n" for r in rollout_records(step, scored, advantages))
+        self.rollouts.flush()
+
+    def close(self) -> None:
+        self.batches.close()
+        self.rollouts.close()
 
 
 def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
@@ -177,8 +221,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
 
     check_sampling_config(cfg)
     start_time = time.perf_counter()
-    out, group_size = Path(out_dir), cfg.rollout.group_size
-    prompts_per_step = max(1, cfg.rl.global_batch_size // group_size)
+    out, group_size, ckpt_root = Path(out_dir), cfg.rollout.group_size, Path(out_dir) / "checkpoints"
     print(f"  starting {cfg.rollout.num_engines} rollout engine(s) (vLLM), {cfg.reward_pool.num_workers} reward "
           f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy (DeepSpeed), and the "
           "weight-sync group", flush=True)
@@ -188,79 +231,95 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
                             reference_path=policy_path, learner_cls=learner_cls)
     sync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
-    sampler, step = PromptSampler(len(prompts), prompts_per_step, cfg.seed), 0
-    ckpt_root = out / "checkpoints"
-    if resume and (found := checkpoint.latest(ckpt_root)) is not None:
-        state = checkpoint.load_state(found)
-        learners.load_checkpoint(str(found / "deepspeed"))
-        checkpoint.restore_rng(state.rng)
-        sampler.cursor, step = Cursor(state.cursor_epoch, state.cursor_position), state.step
-        print(f"resumed from {found} (step {step})", flush=True)
+    sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
+    step, pending = _resume(ckpt_root, learners, sampler) if resume else (0, None)
     sync.push(step)  # engines start from exactly the learner's weights
+    # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
+    source = RolloutStream(engines, pool, sampler, prompts, lambda t: SamplingSpec(
+        n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + t,
+        max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs),
+        cfg.rl.async_level, cfg.rl.steps, local, version=step, pending=pending)
     tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,
                       first_step=step)
-    out.mkdir(parents=True, exist_ok=True)
-    batches_log = open(out / "batches.jsonl", "a", encoding="utf-8")
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    rollouts_log = open(Path(cfg.run_dir) / "rollouts.jsonl", "a", encoding="utf-8")
-    rewards_seen: list[float] = []
+    files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
     try:
         while step < cfg.rl.steps:
             step += 1
             t0 = time.perf_counter()
-            before = checkpoint.TrainState(step - 1, sampler.cursor.epoch, sampler.cursor.position,
-                                           checkpoint.capture_rng())  # what a checkpoint of step - 1 holds
-            indices = sampler.next_batch()
-            batch_prompts = [prompts[i] for i in indices]                                    # take prompts
-            # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
-            spec = SamplingSpec(n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + step,
-                                max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs)
-            try:
-                rollout = engines.generate_scored(batch_prompts, spec, pool)                # generate + score
-            except EngineFailure:  # past rollout.max_engine_restarts: keep what step - 1 reached, then stop
-                if before.step > 0 and checkpoint.latest(ckpt_root) != ckpt_root / f"step_{before.step:06d}":
-                    checkpoint.save(ckpt_root, before, config_to_dict(cfg),
-                                    lambda d: learners.save_checkpoint(d, {"step": before.step}))
-                raise
-            scored = rollout.scored
+            rollout = source.take(step)                                                     # generate + score
             t1 = time.perf_counter()
-            version = check_policy_versions(scored, expected=step - 1)  # sampled by the weights pushed last
-            check_failed_fraction([r for s in scored for r in s.rewards], cfg.reward_pool.max_failed_fraction,
-                                  where=f"GRPO step {step}")
-            scored = exact_self_certainty(scored, learners, cfg, spec.temperature, pad_id)   # s(r) at T = 1
-            adv = group_advantages(_rewards(scored))                                         # advantages
-            batch = update_batch(scored, adv, cfg, spec.temperature, pad_id)
+            scored = checked_rollout(rollout, cfg)
+            scored = exact_self_certainty(scored, learners, cfg, temperature, pad_id)      # s(r) at T = 1
+            adv = group_advantages(_rewards(scored))                                       # advantages
+            batch = update_batch(scored, adv, cfg, temperature, pad_id)
             t2 = time.perf_counter()
             # With every group dropped there is nothing to learn from: the update is skipped (and counted).
             update = learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED  # learner update
             t3 = time.perf_counter()
-            # A skipped update left the weights as they were: the engines only take the new version number.
-            synced = sync.push(step) if update is not SKIPPED else sync.bump(step)          # weight sync
-            t4 = time.perf_counter()
-            metrics = step_metrics(scored, rollout, update, adv, synced, version, engines.restarts,
-                                   (t0, t1, t2, t3, t4))                                     # log
+            synced = source.push(sync, step, changed=update is not SKIPPED)                # weight sync
+            metrics = step_metrics(scored, rollout, update, adv, synced, engines.restarts,
+                                   (t0, t1, t2, t3, time.perf_counter()), source.push_wait_s)
             if cfg.rl.check_weight_sync:
-                metrics.update(check_weight_sync(engines, learners, batch_prompts[0], step, pad_id))
-            tracker.log(step, metrics)
-            batches_log.write(json.dumps({"step": step, "example_ids": [p.example_id for p in batch_prompts]}) + "\n")
-            batches_log.flush()
-            dump = rollout_records(step, scored, adv.advantages.tolist())
-            rollouts_log.writelines(json.dumps(r) + "\n" for r in dump)
-            rollouts_log.flush()
+                metrics.update(check_weight_sync(engines, learners, rollout.prompts[0], step, pad_id))
+            tracker.log(step, metrics)                                                     # log
+            files.write(step, rollout.prompts, scored, adv.advantages.tolist())
             rewards_seen.append(metrics["reward/total"])
             if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint
-                checkpoint.save(ckpt_root, checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position,
-                                                                 checkpoint.capture_rng()),
-                                config_to_dict(cfg), lambda d: learners.save_checkpoint(d, {"step": step}))
-                checkpoint.prune(ckpt_root, cfg.rl.keep_checkpoints)  # only after the newer one is complete
-                mirror_or_warn(cfg.run_dir, cfg.storage_uri)
+                _checkpoint(cfg, ckpt_root, learners, _state_after(step, sampler), source.pending_bytes())
         learners.save_hf(str(out / "hf"))
+    except EngineFailure:  # past rollout.max_engine_restarts: keep what the learner reached, then stop
+        before = source.last_before
+        if before is not None and before.step > 0 and checkpoint.latest(ckpt_root) != \
+                ckpt_root / f"step_{before.step:06d}":
+            _checkpoint(cfg, ckpt_root, learners, before, None)
+        raise
     finally:
+        source.close()
         tracker.close()
-        batches_log.close()
-        rollouts_log.close()
+        files.close()
         engines.shutdown()
         pool.shutdown()
         learners.shutdown()
     return GRPOResult(str(out / "hf"), step, rewards_seen[0] if rewards_seen else 0.0,
                       rewards_seen[-1] if rewards_seen else 0.0, time.perf_counter() - start_time)
+
+
+def checked_rollout(rollout: StepRollout, cfg: Config) -> list[ScoredGeneration]:
+    """The rollout's scored groups, once the engines' version stamps (the policy lag is at most rl.async_level) and
+    the reward workers' failure count have been checked."""
+    scored = rollout.batch.scored
+    check_policy_versions(scored, expected=rollout.version)
+    lag = rollout.step - 1 - rollout.version
+    if not 0 <= lag <= cfg.rl.async_level:
+        raise PolicyVersionMismatch(f"step {rollout.step} was sampled by policy version {rollout.version}: a lag of "
+                                    f"{lag} steps, rl.async_level={cfg.rl.async_level} allows at most "
+                                    f"{cfg.rl.async_level}")
+    check_failed_fraction([r for s in scored for r in s.rewards], cfg.reward_pool.max_failed_fraction,
+                          where=f"GRPO step {rollout.step}")
+    return scored
+
+
+def _resume(ckpt_root: Path, learners: LearnerGroup, sampler: PromptSampler) -> tuple[int, StepRollout | None]:
+    """The step, data cursor, RNG, learner state (and the next step's rollout, if made) of the newest checkpoint."""
+    found = checkpoint.latest(ckpt_root)
+    if found is None:
+        return 0, None
+    state = checkpoint.load_state(found)
+    learners.load_checkpoint(str(found / "deepspeed"))
+    checkpoint.restore_rng(state.rng)
+    sampler.cursor = Cursor(state.cursor_epoch, state.cursor_position)
+    print(f"resumed from {found} (step {state.step})", flush=True)
+    return state.step, load_pending(checkpoint.read_extra(found, PENDING_ROLLOUT))
+
+
+def _state_after(step: int, sampler: PromptSampler) -> checkpoint.TrainState:
+    return checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position, checkpoint.capture_rng())
+
+
+def _checkpoint(cfg: Config, ckpt_root: Path, learners: LearnerGroup, state: checkpoint.TrainState,
+                pending: bytes | None) -> None:
+    checkpoint.save(ckpt_root, state, config_to_dict(cfg),
+                    lambda d: learners.save_checkpoint(d, {"step": state.step}),
+                    extra={PENDING_ROLLOUT: pending} if pending is not None else None)
+    checkpoint.prune(ckpt_root, cfg.rl.keep_checkpoints)  # only after the newer one is complete
+    mirror_or_warn(cfg.run_dir, cfg.storage_uri)

@@ -263,6 +263,10 @@ class GRPOStepStats:
     """Mean |engine logprob - learner logprob| of the sampled tokens, both at the sampling temperature, under the
     weights that sampled them (before this update): 0 up to numerics when the engines run the learner's policy."""
     sampler_logprob_abs_diff_max: float = 0.0
+    is_weight_mean: float = 1.0
+    """With rl.async_level=1: mean truncated importance weight on the surrogate (1 when synchronous)."""
+    is_truncated_fraction: float = 0.0
+    """Share of tokens whose importance weight hit rl.async_is_cap."""
 
 
 @dataclass(frozen=True)

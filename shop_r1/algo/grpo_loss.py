@@ -3,7 +3,11 @@
     ratio_t  = exp(logp_t - old_logp_t)
     surr_t   = min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
     kl_t     = exp(ref_logp_t - logp_t) - (ref_logp_t - logp_t) - 1        (k3: unbiased, >= 0)
-    loss_t   = -surr_t + beta * kl_t
+    loss_t   = -w_t * surr_t + beta * kl_t
+
+w_t is 1, except with one-step-off async (rl.async_level=1): the samples came from the weights before the previous
+update, so the surrogate is weighted by the truncated importance weight w_t = min(exp(old_logp_t - sampler_logp_t),
+cap), detached (pi_old / pi_sampler: the learner's weights before this update against the engine that sampled).
 
 Aggregation: "token" averages loss_t over every response token of the batch (long answers weigh more);
 "sequence" averages within each response first, then over responses (GRPO's original 1/|o_i| form).
@@ -41,16 +45,23 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Literal["token", "
     return per_seq.mean()
 
 
+def truncated_is_weight(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """w_t = min(pi_old / pi_sampler, cap) per token, without gradient ([B, T] -> [B, T])."""
+    return torch.exp(old_logp.detach() - sampler_logp.to(old_logp.dtype)).clamp(max=cap)
+
+
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, advantages: torch.Tensor,
               mask: torch.Tensor, clip_eps_low: float, clip_eps_high: float, kl_beta: float,
-              aggregation: Literal["token", "sequence"] = "token") -> GRPOLossOutput:
-    """logp/old_logp/ref_logp/mask: [B, T]; advantages: [B] (one per response, broadcast over its tokens)."""
+              aggregation: Literal["token", "sequence"] = "token",
+              behavior_weight: torch.Tensor | None = None) -> GRPOLossOutput:
+    """logp/old_logp/ref_logp/mask: [B, T]; advantages: [B] (one per response, broadcast over its tokens);
+    behavior_weight: [B, T] or None (the importance weights w_t, no gradient)."""
     adv = advantages.to(logp.dtype).unsqueeze(1)  # [B, 1]
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
     surrogate = torch.minimum(unclipped, clipped)
-    per_token = -surrogate
+    per_token = -surrogate if behavior_weight is None else -surrogate * behavior_weight.detach().to(logp.dtype)
     kl_mean = 0.0
     if ref_logp is not None and kl_beta != 0.0:
         kl = k3_kl(logp, ref_logp)

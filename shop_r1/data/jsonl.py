@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 @dataclass(frozen=True)
 class JsonlLine:
     where: str
     """FILE:LINE, for error messages."""
+    lineno: int
+    """The line's number, counting from 1."""
     value: Any
     error: str | None = None
     """Why the line is not JSON (value is None then)."""
@@ -26,14 +29,14 @@ def read_jsonl(path: str | Path) -> Iterator[JsonlLine]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield JsonlLine(where, None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                yield JsonlLine(where, lineno, None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
                 continue
             if not line.strip():
                 continue
             try:
-                yield JsonlLine(where, json.loads(line))
+                yield JsonlLine(where, lineno, json.loads(line))
             except json.JSONDecodeError as e:
-                yield JsonlLine(where, None, f"not valid JSON ({e.msg} at column {e.colno})")
+                yield JsonlLine(where, lineno, None, f"not valid JSON ({e.msg} at column {e.colno})")
 
 
 def read_jsonl_objects(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -42,5 +45,6 @@ def read_jsonl_objects(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]
         if line.error is not None:
             raise ValueError(f"{line.where}: {line.error}")
         if not isinstance(line.value, dict):
-            raise ValueError(f"{line.where}: expected a JSON object")
+            # A bad line of data, reported like the other bad lines (callers catch ValueError), not a TypeError.
+            raise ValueError(f"{line.where}: expected a JSON object")  # noqa: TRY004
         yield line.where, line.value

@@ -1,9 +1,11 @@
-"""The session schema (JSONL, one session a line) with validation that names file, line and field.
+"""The session schema, the sources it is read from, and validation that names the source, row and field.
 
     {"session_id": str, "steps": [{"observation": str (simplified HTML), "action": {...}, "rationale": str|null}]}
 
-`load_sessions` stops at the first bad line by default; with `skip_bad_lines` it skips, counts and keeps the
-messages. Writing is atomic (temp file + rename), so a killed writer never leaves a truncated dataset.
+Sessions come as JSONL (one session a line), a Parquet file, or a folder written by `datasets`' `save_to_disk`;
+every source hands over the same plain dicts, so all go through the one validation below. `load_sessions` stops
+at the first bad row by default; with `skip_bad_lines` it skips, counts and keeps the messages. Writing is JSONL
+and atomic (temp file + rename), so a killed writer never leaves a truncated dataset.
 """
 
 from __future__ import annotations
@@ -11,16 +13,22 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from shop_r1.data.jsonl import read_jsonl
 from shop_r1.types import Action, Session, Step
 
+SESSION_SOURCES = ("a .jsonl file (one session a line), a .parquet file, or a folder written by datasets' "
+                   "save_to_disk (a Dataset, or a DatasetDict with one split or a 'train' split)")
+_ARROW_BATCH_ROWS = 1024  # Parquet/Arrow rows turned into Python objects at a time: memory stays flat on big files
+
 
 class SessionFormatError(ValueError):
-    """A session line that does not fit the schema; the message starts with FILE:LINE: FIELD."""
+    """A session row that does not fit the schema; the message starts with its place (`FILE:LINE` for JSONL,
+    `SOURCE row N` otherwise), then the field."""
 
 
 def _step_from_dict(obj: Any, where: str) -> Step:
@@ -40,7 +48,7 @@ def _step_from_dict(obj: Any, where: str) -> Step:
 
 
 def session_from_dict(obj: Any, where: str) -> Session:
-    """Validate one decoded line; errors read `<where>: <field>: <problem>`."""
+    """Validate one decoded row (a JSON line or an Arrow row); errors read `<where>: <field>: <problem>`."""
     if not isinstance(obj, dict):
         raise SessionFormatError(f"{where}: expected a JSON object")
     session_id = obj.get("session_id")
@@ -59,24 +67,104 @@ class LoadedSessions:
     bad_lines: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class SessionRow:
+    """One session as a source hands it over: decoded to plain dicts and lists, not yet validated."""
+
+    where: str
+    """The prefix of every error about it: `FILE:LINE` for JSONL, else `SOURCE row N` (N from 0, as in `ds[N]`)."""
+    place: str
+    """`line N` / `row N`: what a later duplicate of its session_id points back to."""
+    value: Any
+    error: str | None = None
+    """Why the row could not be decoded at all (value is None then)."""
+
+
+def read_session_rows(path: str | Path) -> Iterator[SessionRow]:
+    """The rows of any accepted source (`SESSION_SOURCES`), in order; the path alone picks the reader. A missing
+    path, an unknown suffix or a folder/file that is not a dataset raises here, before any row is read."""
+    p = Path(path)
+    if p.is_dir():
+        return _saved_dataset_rows(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder; sessions come as {SESSION_SOURCES}")
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        return (SessionRow(line.where, f"line {line.lineno}", line.value, line.error) for line in read_jsonl(path))
+    if suffix == ".parquet":
+        return _parquet_rows(path)
+    raise ValueError(f"{path}: unknown sessions format ({suffix or 'no suffix'}); sessions come as {SESSION_SOURCES}")
+
+
+def _parquet_rows(path: str | Path) -> Iterator[SessionRow]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+
+    def batches() -> Iterator[Any]:
+        with parquet:  # closed when the rows run out (or the reader is dropped)
+            yield from parquet.iter_batches(batch_size=_ARROW_BATCH_ROWS)
+
+    return _arrow_rows(str(path), batches())
+
+
+def _saved_dataset_rows(path: str | Path) -> Iterator[SessionRow]:
+    from datasets import DatasetDict, load_from_disk
+    from datasets import config as ds_config
+
+    p = Path(path)
+    if not (p / ds_config.DATASET_STATE_JSON_FILENAME).is_file() \
+            and not (p / ds_config.DATASETDICT_JSON_FILENAME).is_file():
+        raise ValueError(f"{path}: a folder, but not one written by datasets' save_to_disk (no "
+                         f"{ds_config.DATASET_STATE_JSON_FILENAME} or {ds_config.DATASETDICT_JSON_FILENAME}); "
+                         f"sessions come as {SESSION_SOURCES}")
+    data = load_from_disk(str(p))
+    source = str(path)
+    if isinstance(data, DatasetDict):
+        splits = list(data)
+        if len(splits) != 1 and "train" not in splits:
+            raise ValueError(f"{path}: a DatasetDict with splits {splits}: sessions are read from its only split "
+                             "or its 'train' split; save the split to use on its own (dd[name].save_to_disk(...))")
+        split = splits[0] if len(splits) == 1 else "train"
+        data, source = data[split], f"{path}[{split}]"
+    # Raw Arrow batches, not the python formatter: the same to_pylist() decoding as the Parquet path.
+    return _arrow_rows(source, data.with_format("arrow").iter(batch_size=_ARROW_BATCH_ROWS))
+
+
+def _arrow_rows(source: str, batches: Iterable[Any]) -> Iterator[SessionRow]:
+    """Rows of Arrow tables/record batches as the dicts and lists JSON decodes to. Arrow gives every row of a struct
+    column all its fields, so a field a row lacks reads None, which the validation treats like an absent key."""
+    index = 0
+    for batch in batches:
+        for value in batch.to_pylist():
+            yield SessionRow(f"{source} row {index}", f"row {index}", value)
+            index += 1
+
+
 def load_sessions(path: str | Path, skip_bad_lines: bool = False) -> LoadedSessions:
+    """Read and validate every session of `path`, any of `SESSION_SOURCES`. A bad row raises SessionFormatError
+    naming it, or with `skip_bad_lines` is counted in `num_bad_lines` (the name is kept from JSONL-only days)."""
     sessions: list[Session] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}
     bad: list[str] = []
-    for line in read_jsonl(path):
+    for row in read_session_rows(path):
         try:
-            if line.error is not None:
-                raise SessionFormatError(f"{line.where}: {line.error}")
-            session = session_from_dict(line.value, line.where)
+            if row.error is not None:
+                raise SessionFormatError(f"{row.where}: {row.error}")
+            session = session_from_dict(row.value, row.where)
             if session.session_id in seen:
-                raise SessionFormatError(f"{line.where}: session_id: {session.session_id!r} already used on line "
+                raise SessionFormatError(f"{row.where}: session_id: {session.session_id!r} already used on "
                                          f"{seen[session.session_id]}")
         except SessionFormatError as e:
             if not skip_bad_lines:
                 raise
             bad.append(str(e))
             continue
-        seen[session.session_id] = int(line.where.rsplit(":", 1)[1])
+        seen[session.session_id] = row.place
         sessions.append(session)
     return LoadedSessions(tuple(sessions), len(bad), tuple(bad))
 
@@ -87,8 +175,7 @@ def write_jsonl_atomic(rows: Iterable[dict[str, Any]], path: str | Path) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     os.replace(tmp, path)
 
 

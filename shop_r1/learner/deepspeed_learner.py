@@ -194,7 +194,7 @@ class DeepSpeedLearner:
         ("token") or responses ("sequence"): each micro-batch's loss is weighted by its share of the global count
         (all-reduced), times world_size because DeepSpeed averages gradients over ranks.
         """
-        from shop_r1.algo.grpo_loss import grpo_loss
+        from shop_r1.algo.grpo_loss import grpo_loss, truncated_is_weight
 
         micro = self._micro_batches(batch)
         with torch.no_grad():
@@ -209,8 +209,9 @@ class DeepSpeedLearner:
                      float(micro[i].num_trained_responses) for i in group) for group in groups]
         denominators = self._all_reduce(torch.tensor(local, dtype=torch.float64)).tolist() if groups else []
         eps_high = rl.clip_eps_high or rl.clip_eps
-        # Token-weighted sums over this rank (all-reduced below): loss share, kl, clipped, ratio, tokens, |diff|.
-        sums = torch.zeros(6, dtype=torch.float64)
+        # Token-weighted sums over this rank (all-reduced below): loss share, kl, clipped, ratio, tokens, |diff|,
+        # importance weight, truncated.
+        sums = torch.zeros(8, dtype=torch.float64)
         diff_max = torch.zeros(1, dtype=torch.float64)
         grad_norms = []
         for group, denominator in zip(groups, denominators):
@@ -219,18 +220,23 @@ class DeepSpeedLearner:
                 mask = mb.completion_mask.to(self.device)
                 self._begin_micro_batch()
                 logp = self._logprobs(self.engine.module, mb)
-                out = grpo_loss(logp, old[i] if old[i] is not None else logp.detach(), ref[i],
-                                mb.advantages.to(self.device), mask, rl.clip_eps, eps_high, rl.kl_beta,
-                                rl.loss_aggregation)
+                old_logp = old[i] if old[i] is not None else logp.detach()
+                sampler = mb.sampler_logprobs.to(self.device, logp.dtype)
+                # One-step-off samples came from the weights before the previous update: correct the surrogate.
+                weight_is = truncated_is_weight(old_logp, sampler, rl.async_is_cap) if rl.async_level else None
+                out = grpo_loss(logp, old_logp, ref[i], mb.advantages.to(self.device), mask, rl.clip_eps, eps_high,
+                                rl.kl_beta, rl.loss_aggregation, behavior_weight=weight_is)
                 n_tokens = float(mask[:, 1:].sum())
                 count = n_tokens if by_token else float(mb.num_trained_responses)
                 weight = count / denominator if denominator > 0 else 0.0
                 self.engine.backward(out.loss * weight * self.world_size)
                 # The sampling weights' logprobs (`old` when there are several updates, else this pass's, which runs
                 # before any update of this batch), against the engine's: the two sides must agree.
-                sampling = (old[i] if old[i] is not None else logp.detach())[mask.bool()]
-                diff = (sampling - mb.sampler_logprobs.to(self.device, sampling.dtype)[mask.bool()]).abs()
+                diff = (old_logp - sampler)[mask.bool()].abs()
                 sums[5] += float(diff.double().sum())
+                if weight_is is not None:
+                    sums[6] += float(weight_is[mask.bool()].double().sum())
+                    sums[7] += float((weight_is[mask.bool()] >= rl.async_is_cap).double().sum())
                 diff_max[0] = max(float(diff_max[0]), float(diff.max()) if diff.numel() else 0.0)
                 sums[0] += float(out.loss.detach()) * weight / len(groups)
                 sums[1:4] += torch.tensor([out.kl, out.clip_fraction, out.ratio_mean], dtype=torch.float64) * n_tokens
@@ -246,7 +252,9 @@ class DeepSpeedLearner:
                              grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
                              num_tokens=int(round(tokens)), step=self.step,
                              sampler_logprob_abs_diff_mean=float(sums[5]) / max(tokens, 1.0),
-                             sampler_logprob_abs_diff_max=float(diff_max[0]))
+                             sampler_logprob_abs_diff_max=float(diff_max[0]),
+                             is_weight_mean=float(sums[6]) / tokens if tokens and rl.async_level else 1.0,
+                             is_truncated_fraction=float(sums[7]) / max(tokens, 1.0))
 
     @torch.no_grad()
     def probe_logprobs(self, batch: Any) -> list[list[float]]:

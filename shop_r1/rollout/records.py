@@ -3,7 +3,8 @@ check of the engines' stamps.
 
 One JSON line per group (prompt): the example id and the prompt's token ids once, then per sample the response text
 and token ids, the engine's logprobs of the sampled tokens (at the sampling temperature), the reward breakdown, the
-advantage and the policy version the engine stamped on it. The same role as TRL's `log_completions` and verl's
+advantage, the policy version the engine stamped on it and the policy lag (step - 1 - version: 0 when synchronous,
+at most 1 with rl.async_level=1). The same role as TRL's `log_completions` and verl's
 rollout dump; every figure of a step can be recomputed from it.
 """
 
@@ -24,7 +25,8 @@ def rollout_records(step: int, scored: Sequence[ScoredGeneration], advantages: S
             samples.append({"text": c.text, "token_ids": list(c.token_ids), "logprobs": list(c.logprobs),
                             "finish_reason": c.finish_reason, "reward": {**r.to_dict(), "format_valid": r.format_valid,
                                                                          "error": r.error},
-                            "advantage": float(a), "policy_version": c.policy_version})
+                            "advantage": float(a), "policy_version": c.policy_version,
+                            "policy_lag": step - 1 - c.policy_version})
         out.append({"step": step, "example_id": s.prompt.example_id,
                     "prompt_token_ids": list(s.generation.prompt_token_ids), "samples": samples})
     return out
@@ -36,7 +38,7 @@ class PolicyVersionMismatch(RuntimeError):
 
 def check_policy_versions(scored: Sequence[ScoredGeneration], expected: int) -> int:
     """The version every engine stamped on this step's samples; raises when any differs from `expected` (the
-    version the learner last pushed), naming the example and the versions found."""
+    version pushed to the engines before this rollout started), naming the example and the versions found."""
     found = {}
     for s in scored:
         for c in s.generation.completions:

@@ -126,3 +126,56 @@ def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, pr
         assert r["train/sampler_logprob_abs_diff_max"] < 1e-4
     before, after = _weights(tiny_model_dir), _weights(tmp_path / "rl" / "hf")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
+    """rl.async_level=1 under Ray: step t+1 is generated while step t's update runs, by the weights of step t-1.
+    Every sample's lag (stamped by the engines, dumped per sample) is at most 1; the importance weight corrects the
+    surrogate. A run resumed from the step-2 checkpoint takes the rollout that checkpoint holds for step 3 and ends
+    with the uninterrupted run's samples and weights."""
+    import shutil
+
+    _register_by_value()
+    pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
+
+    def cfg(run_dir):
+        c = _cfg(run_dir, 4)
+        c.rl.async_level, c.rl.checkpoint_every, c.rl.check_weight_sync = 1, 2, False
+        return c
+
+    run_grpo(cfg(tmp_path / "a"), str(tiny_model_dir), prompts, tmp_path / "a" / "rl", local=False, pad_id=pad,
+             score_fn=variety_reward)
+    logged = [json.loads(line) for line in (tmp_path / "a" / "metrics_grpo.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in logged] == [0, 0, 1, 2]
+    assert [r["rollout/policy_lag_max"] for r in logged] == [0, 1, 1, 1]
+    dumped = [json.loads(line) for line in (tmp_path / "a" / "rollouts.jsonl").read_text().splitlines()]
+    for d in dumped:
+        assert {x["policy_lag"] for x in d["samples"]} == {0 if d["step"] == 1 else 1}
+        assert {x["policy_version"] for x in d["samples"]} == {max(d["step"] - 2, 0)}
+    # Step 1 is on-policy (weight 1 up to numerics); later steps are sampled by the weights before the previous
+    # update (lr 1e-3 moved them): the engine's and the learner's logprobs differ and the weights are not all 1.
+    assert logged[0]["train/sampler_logprob_abs_diff_max"] < 1e-4
+    assert logged[0]["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert all(r["train/sampler_logprob_abs_diff_mean"] > 1e-4 for r in logged[1:])
+    assert all(0 < r["train/is_weight_mean"] <= 2.0 and r["train/is_weight_mean"] != 1.0 for r in logged[1:])
+    for r in logged:
+        stages = ("rollout", "reward", "advantages", "update", "weight_sync", "other")
+        assert sum(r[f"timing/{k}"] for k in stages) == pytest.approx(r["timing/step"], abs=1e-6)
+    step2 = tmp_path / "a" / "rl" / "checkpoints" / "step_000002"
+    assert (step2 / "pending_rollout.pkl").is_file()
+
+    # A run killed after its step-2 checkpoint: resume from a copy of it.
+    (tmp_path / "b" / "rl" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step2, tmp_path / "b" / "rl" / "checkpoints" / "step_000002")
+    (tmp_path / "b" / "rl" / "checkpoints" / "latest").write_text("step_000002")
+    run_grpo(cfg(tmp_path / "b"), str(tiny_model_dir), prompts, tmp_path / "b" / "rl", local=False, resume=True,
+             pad_id=pad, score_fn=variety_reward)
+    resumed = [json.loads(line) for line in (tmp_path / "b" / "rollouts.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in resumed] == [3, 3, 4, 4]
+    for a, b in zip(dumped[4:], resumed):
+        assert a["example_id"] == b["example_id"]
+        assert [x["token_ids"] for x in a["samples"]] == [x["token_ids"] for x in b["samples"]]
+        assert [x["policy_version"] for x in a["samples"]] == [x["policy_version"] for x in b["samples"]]
+    wa, wb = _weights(tmp_path / "a" / "rl" / "hf"), _weights(tmp_path / "b" / "rl" / "hf")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)

@@ -1,0 +1,146 @@
+"""One-step-off async (rl.async_level=1), the pure parts: the truncated importance weight in the loss, and the
+order in which RolloutStream makes rollouts, stamps versions and hands its pending rollout to a checkpoint."""
+
+import math
+import threading
+
+import pytest
+import torch
+
+from shop_r1.algo.grpo_loss import grpo_loss, truncated_is_weight
+from shop_r1.data.sampler import PromptSampler
+from shop_r1.distributed.engine_group import EngineFailure, ScoredBatch
+from shop_r1.distributed.rollouts import RolloutStream, load_pending
+from shop_r1.types import Action, Completion, Generation, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
+
+
+def test_truncated_is_weight_by_hand():
+    old = torch.tensor([[math.log(0.5), math.log(0.9), math.log(0.2)]])
+    sampler = torch.tensor([[math.log(0.25), math.log(0.9), math.log(0.8)]])
+    w = truncated_is_weight(old, sampler, cap=1.5)
+    torch.testing.assert_close(w, torch.tensor([[1.5, 1.0, 0.25]]))  # 2.0 truncated to the cap
+
+
+def test_behavior_weight_scales_the_surrogate_only():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old, ref = logp.detach().clone(), torch.tensor([[-1.5, -1.0]])
+    adv, mask = torch.tensor([2.0]), torch.ones(1, 2)
+    weight = torch.tensor([[0.5, 2.0]])
+    plain = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, kl_beta=0.1)
+    ones = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, kl_beta=0.1, behavior_weight=torch.ones(1, 2))
+    assert float(ones.loss.detach()) == float(plain.loss.detach())
+    weighted = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, kl_beta=0.1, behavior_weight=weight)
+    # ratio = 1: surrogate_t = A = 2 on both tokens; k3 per token from ref - logp = (-0.5, 1.0).
+    k3 = [math.exp(d) - d - 1 for d in (-0.5, 1.0)]
+    expected = (-(0.5 * 2) + 0.1 * k3[0] + -(2.0 * 2) + 0.1 * k3[1]) / 2
+    assert float(weighted.loss.detach()) == pytest.approx(expected, rel=1e-6)
+    (grad,) = torch.autograd.grad(weighted.loss, logp)
+    # d/dlogp of -w * ratio * A = -w * A (at ratio 1); of beta * k3 = beta * (1 - exp(ref - logp)).
+    expected_grad = [(-w * 2 + 0.1 * (1 - math.exp(d))) / 2 for w, d in ((0.5, -0.5), (2.0, 1.0))]
+    torch.testing.assert_close(grad, torch.tensor([expected_grad]))
+
+
+class FakeEngines:
+    """generate_scored stamps the version it was told by the test (the engines' weights) and records the order."""
+
+    def __init__(self, fail_at_call: int = -1) -> None:
+        self.weights_version, self.calls, self.fail_at_call = 0, [], fail_at_call
+        self.lock = threading.Lock()
+
+    def generate_scored(self, prompts, spec, pool):
+        with self.lock:
+            self.calls.append((spec.seed, self.weights_version))
+            if len(self.calls) - 1 == self.fail_at_call:
+                raise EngineFailure("engine 0 died (test)")
+            completion = Completion((1,), f"seed {spec.seed}", (-0.1,), ((-0.1,),), (0,), "stop",
+                                    self.weights_version)
+            scored = [ScoredGeneration(p, Generation(i, p.token_ids, (completion, completion), 8),
+                                       (RewardBreakdown(), RewardBreakdown())) for i, p in enumerate(prompts)]
+            return ScoredBatch(scored, generate_s=0.01, reward_wait_s=0.0)
+
+
+class FakeSync:
+    def __init__(self, engines: FakeEngines) -> None:
+        self.engines, self.pushed = engines, []
+
+    def push(self, version):
+        self.engines.weights_version = version
+        self.pushed.append(("push", version))
+        return version
+
+    def bump(self, version):
+        self.engines.weights_version = version
+        self.pushed.append(("bump", version))
+        return version
+
+
+PROMPTS = [Prompt(f"ex{i}", (i, i + 1), Action("terminate")) for i in range(5)]
+
+
+def _stream(engines, async_level, total=4, local=True, pending=None, version=0, sampler=None):
+    return RolloutStream(engines, pool=None, sampler=sampler or PromptSampler(len(PROMPTS), 2, seed=0),
+                         prompts=PROMPTS, spec_for=lambda t: SamplingSpec(n=2, temperature=1.0, seed=t),
+                         async_level=async_level, total_steps=total, local=local, version=version, pending=pending)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_one_step_off_order_and_versions(local):
+    engines = FakeEngines()
+    sync, stream = FakeSync(engines), _stream(engines, 1, local=local)
+    lags = []
+    for step in range(1, 5):
+        rollout = stream.take(step)
+        assert rollout.step == step and rollout.before.step == step - 1
+        assert {c.policy_version for s in rollout.batch.scored for c in s.generation.completions} == {rollout.version}
+        lags.append(step - 1 - rollout.version)
+        stream.push(sync, step, changed=step != 3)  # step 3's update "skipped": only the version moves
+    stream.close()
+    assert lags == [0, 1, 1, 1]
+    # Step t+1 is generated (seed t+1) by the weights of step t-1, before step t's push.
+    assert engines.calls == [(1, 0), (2, 0), (3, 1), (4, 2)]
+    assert sync.pushed == [("push", 1), ("push", 2), ("bump", 3), ("push", 4)]
+
+
+def test_synchronous_stream_has_no_lag_and_nothing_pending():
+    engines = FakeEngines()
+    sync, stream = FakeSync(engines), _stream(engines, 0)
+    for step in range(1, 4):
+        rollout = stream.take(step)
+        assert rollout.version == step - 1
+        assert stream.pending_bytes() is None
+        stream.push(sync, step, changed=True)
+    assert engines.calls == [(1, 0), (2, 1), (3, 2)]
+
+
+def test_pending_rollout_survives_a_checkpoint_and_draws_continue():
+    engines = FakeEngines()
+    sync, sampler = FakeSync(engines), PromptSampler(len(PROMPTS), 2, seed=0)
+    stream = _stream(engines, 1, sampler=sampler)
+    first = [stream.take(1)]
+    stream.push(sync, 1, changed=True)
+    first.append(stream.take(2))
+    stream.push(sync, 2, changed=True)
+    saved, cursor = stream.pending_bytes(), sampler.cursor  # what a checkpoint after step 2 holds
+    later = [stream.take(3).prompts, stream.take(4).prompts]
+
+    engines2 = FakeEngines()
+    engines2.weights_version = 2  # a resumed run pushes the checkpoint's weights first
+    resumed = _stream(engines2, 1, pending=load_pending(saved), version=2,
+                      sampler=PromptSampler(len(PROMPTS), 2, seed=0, cursor=cursor))
+    r3 = resumed.take(3)
+    assert r3.version == 1 and r3.batch == load_pending(saved).batch  # the very samples, not regenerated
+    assert engines2.calls == [(4, 2)]  # only step 4 is generated, by the weights of step 2
+    assert [r3.prompts, resumed.take(4).prompts] == later
+
+
+def test_a_failed_generation_is_raised_at_the_push_with_the_state_to_keep():
+    engines = FakeEngines(fail_at_call=2)  # step 3's rollout, made during step 2's update
+    sync, stream = FakeSync(engines), _stream(engines, 1, local=False)
+    stream.take(1)
+    stream.push(sync, 1, changed=True)
+    stream.take(2)
+    with pytest.raises(EngineFailure):
+        stream.push(sync, 2, changed=True)
+    assert sync.pushed == [("push", 1)]  # step 2's weights never reached the engines
+    assert stream.last_before.step == 2  # the checkpoint keeps step 2's update, and step 3's prompts come again
+    stream.close()
