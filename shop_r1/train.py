@@ -24,6 +24,7 @@ from shop_r1.config import Config, config_to_dict
 from shop_r1.data.sampler import Cursor, PromptSampler
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
+from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
 from shop_r1.distributed.weight_sync import make_weight_sync
@@ -79,7 +80,7 @@ def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
     return torch.tensor([[r.total for r in s.rewards] for s in scored], dtype=torch.float64)  # [P, G]
 
 
-def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Prompt, step: int, pad_id: int
+def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int
                       ) -> dict[str, float]:
     """Debug mode: the engines' logprobs on a greedy probe must equal the learner's; versions must equal the step."""
     versions = engines.policy_versions()
@@ -95,7 +96,7 @@ def check_weight_sync(engines: EngineGroup, learners: LearnerGroup, probe: Promp
     return {"weight_sync/check_max_abs_logprob_diff": diff}
 
 
-def exact_self_certainty(scored: list[ScoredGeneration], learners: LearnerGroup, cfg: Config, temperature: float,
+def exact_self_certainty(scored: list[ScoredGeneration], learners: Learners, cfg: Config, temperature: float,
                          pad_id: int) -> list[ScoredGeneration]:
     """With `reward.self_certainty.source=learner_logits` (the default), replace each response's s(r) by the exact
     value from the policy's full logits at temperature 1 (one no-grad forward), and re-form the totals."""
@@ -225,12 +226,12 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     print(f"  starting {cfg.rollout.num_engines} rollout engine(s) (vLLM), {cfg.reward_pool.num_workers} reward "
           f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy (DeepSpeed), and the "
           "weight-sync group", flush=True)
-    engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
-                          engine_cls=engine_cls)
+    engines: Engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
+                                   engine_cls=engine_cls)
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
-    learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
-                            reference_path=policy_path, learner_cls=learner_cls)
-    sync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
+    learners: Learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
+                                      reference_path=policy_path, learner_cls=learner_cls)
+    sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
     sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
     step, pending = _resume(ckpt_root, learners, sampler) if resume else (0, None)
     sync.push(step)  # engines start from exactly the learner's weights
@@ -299,7 +300,7 @@ def checked_rollout(rollout: StepRollout, cfg: Config) -> list[ScoredGeneration]
     return scored
 
 
-def _resume(ckpt_root: Path, learners: LearnerGroup, sampler: PromptSampler) -> tuple[int, StepRollout | None]:
+def _resume(ckpt_root: Path, learners: Learners, sampler: PromptSampler) -> tuple[int, StepRollout | None]:
     """The step, data cursor, RNG, learner state (and the next step's rollout, if made) of the newest checkpoint."""
     found = checkpoint.latest(ckpt_root)
     if found is None:
@@ -316,7 +317,7 @@ def _state_after(step: int, sampler: PromptSampler) -> checkpoint.TrainState:
     return checkpoint.TrainState(step, sampler.cursor.epoch, sampler.cursor.position, checkpoint.capture_rng())
 
 
-def _checkpoint(cfg: Config, ckpt_root: Path, learners: LearnerGroup, state: checkpoint.TrainState,
+def _checkpoint(cfg: Config, ckpt_root: Path, learners: Learners, state: checkpoint.TrainState,
                 pending: bytes | None) -> None:
     checkpoint.save(ckpt_root, state, config_to_dict(cfg),
                     lambda d: learners.save_checkpoint(d, {"step": state.step}),

@@ -144,6 +144,8 @@ class RewardBreakdown:
 
     `self_certainty` is the raw s(r); `total` = format + action_type + attribute + value + alpha * self_certainty.
     `format_valid` says whether the response parsed; `error` names a scorer failure (the documented fallback: all 0).
+    `parsed` is what the reward stage parsed (None: the response does not parse, or its scoring failed): the batch
+    builder (rationale tokens) and the rollout metrics (action mix) read it instead of parsing the text again.
     """
 
     format: float = 0.0
@@ -154,6 +156,7 @@ class RewardBreakdown:
     total: float = 0.0
     format_valid: bool = False
     error: str | None = None
+    parsed: ParsedResponse | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, float]:
         return {"format": self.format, "action_type": self.action_type, "attribute": self.attribute,

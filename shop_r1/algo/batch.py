@@ -12,7 +12,6 @@ from typing import Hashable, Sequence
 
 import torch
 
-from shop_r1.reward.format import parse_response
 from shop_r1.reward.self_certainty import rationale_token_mask
 from shop_r1.types import ScoredGeneration
 
@@ -104,10 +103,10 @@ def build_grpo_batch(scored: Sequence[ScoredGeneration], advantages: torch.Tenso
     rows, comp, rat, adv, lps = [], [], [], [], []
     for p, s in enumerate(scored):
         prompt = list(s.generation.prompt_token_ids)
-        for g, c in enumerate(s.generation.completions):
+        for g, (c, reward) in enumerate(zip(s.generation.completions, s.rewards)):
             rows.append(prompt + list(c.token_ids))
             comp.append([0] * len(prompt) + [1] * len(c.token_ids))
-            parsed = parse_response(c.text)
+            parsed = reward.parsed  # parsed once, by the reward stage
             in_rationale = rationale_token_mask(c.token_offsets, len(c.text), parsed.rationale_span) \
                 if parsed is not None else [False] * len(c.token_ids)
             rat.append([0] * len(prompt) + [int(x) for x in in_rationale])

@@ -176,13 +176,6 @@ class EngineGroup:
     def policy_versions(self) -> list[int]:
         return get([e.policy_version.remote() for e in self.engines])
 
-    def pids(self) -> list[int]:
-        """Each engine's process id (fault tests kill one)."""
-        return get([e.pid.remote() for e in self.engines])
-
-    def vocab_size(self) -> int:
-        return get(self.engines[0].vocab_size.remote())
-
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Ask every engine to release vLLM (all at once, `timeout_s` in all), then kill every actor: a dead or hung
         engine does not stop the others' teardown."""

@@ -25,7 +25,8 @@ from typing import Any
 
 from shop_r1 import checkpoint
 from shop_r1.data.sampler import PromptSampler
-from shop_r1.distributed.engine_group import EngineGroup, ScoredBatch
+from shop_r1.distributed.engine_group import ScoredBatch
+from shop_r1.distributed.protocols import Engines, SyncStats, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.types import Prompt, SamplingSpec
 
@@ -42,7 +43,7 @@ class StepRollout:
 
 
 class RolloutStream:
-    def __init__(self, engines: EngineGroup, pool: RewardPool, sampler: PromptSampler, prompts: Sequence[Prompt],
+    def __init__(self, engines: Engines, pool: RewardPool, sampler: PromptSampler, prompts: Sequence[Prompt],
                  spec_for: Callable[[int], SamplingSpec], async_level: int, total_steps: int, local: bool,
                  version: int, pending: StepRollout | None = None) -> None:
         """`spec_for(step)`: the sampling of a step (seeded per step); `version`: the engines' weights now."""
@@ -93,7 +94,7 @@ class RolloutStream:
             self._next = self._launch(step + 1, step)
         return rollout
 
-    def push(self, sync: Any, version: int, changed: bool) -> Any:
+    def push(self, sync: WeightSync, version: int, changed: bool) -> SyncStats:
         """New weights (or, after an update that changed nothing, only the version) to the engines, once any
         generation in flight has finished: a rollout is made by one set of weights. A failure of that generation
         is raised here (before the push); `last_before` then holds the state to checkpoint."""

@@ -14,18 +14,12 @@ pushed to every engine, or recovered from an engine that died while receiving it
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from shop_r1.distributed.actors import get, is_actor_death
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.learner_group import LEARNER_TIMEOUT_S, LearnerGroup
+from shop_r1.distributed.protocols import SyncStats, WeightSync
 from shop_r1.weight_sync.broadcast import SyncGroupSpec
-
-
-@dataclass(frozen=True)
-class SyncStats:
-    seconds: float
-    num_bytes: int
 
 
 def bump(engines: EngineGroup, version: int) -> SyncStats:
@@ -110,7 +104,7 @@ class DirectSync:
 
 
 def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, on_gpu: bool
-                     ) -> BroadcastSync | DirectSync:
+                     ) -> WeightSync:
     if local:
         return DirectSync(learners, engines)
     return BroadcastSync(learners, engines, bucket_bytes, backend="nccl" if on_gpu else "gloo")

@@ -1,16 +1,35 @@
-"""The learner seam. Backend: `DeepSpeedLearner` (ZeRO 0-3; gloo on CPU, NCCL on CUDA)."""
+"""The learner seam, per rank. Backend: `DeepSpeedLearner` (ZeRO 0-3; gloo on CPU, NCCL on CUDA).
+
+An FSDP (or any other) backend is one new class with these methods, passed as `learner_cls` (or made the default in
+LearnerGroup); the driver never sees it directly, only through `shop_r1.distributed.protocols.Learners`. A test checks
+that every backend class matches its protocol, parameter names included.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from shop_r1.learner.sft_data import MicroBatch
+from shop_r1.types import GRPOStepStats, SFTStepStats
 
 
+@runtime_checkable
 class Learner(Protocol):
-    def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> Any: ...
+    def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
+        """One optimizer step on this rank's share; the loss is the global token mean."""
 
     def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float: ...
+
+    def grpo_step(self, batch: Any, rl: Any) -> GRPOStepStats:
+        """One GRPO update on this rank's share of a GRPOBatch (any size, even empty: every rank makes the same
+        collective calls); figures over the global batch."""
+
+    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
+        """s(r) of each response's rationale tokens from the full logits at temperature 1 (no gradient)."""
+
+    def probe_logprobs(self, batch: Any) -> list[list[float]]:
+        """The policy's logprobs of each response's completion tokens (the weight-sync check)."""
 
     def save_hf(self, out_dir: str) -> None: ...
 
@@ -18,4 +37,5 @@ class Learner(Protocol):
 
     def load_checkpoint(self, ckpt_dir: str) -> dict: ...
 
-    def named_weights(self) -> Iterator[tuple[str, Any]]: ...
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        """HF-named full tensors (gathered under ZeRO-3), for the engines."""

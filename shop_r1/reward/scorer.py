@@ -19,18 +19,18 @@ from shop_r1.config import RewardConfig
 from shop_r1.reward.action import action_reward
 from shop_r1.reward.format import parse_response
 from shop_r1.reward.self_certainty import self_certainty
-from shop_r1.types import Action, RewardBreakdown, TokenLogprobs
+from shop_r1.types import Action, ParsedResponse, RewardBreakdown, TokenLogprobs
 
 FORMAT_REWARD = 0.5
 
 
 def combine(fmt: float, action_type: float, attribute: float, value: float, s: float, cfg: RewardConfig,
-            format_valid: bool) -> RewardBreakdown:
+            format_valid: bool, parsed: ParsedResponse | None = None) -> RewardBreakdown:
     """Assemble the breakdown and its total (also used when s(r) is replaced by an exact value)."""
     certainty_term = cfg.alpha * s if cfg.rationale_reward else 0.0
     return RewardBreakdown(format=fmt, action_type=action_type, attribute=attribute, value=value,
                            self_certainty=s, total=fmt + action_type + attribute + value + certainty_term,
-                           format_valid=format_valid)
+                           format_valid=format_valid, parsed=parsed)
 
 
 def score_response(response: str, target: Action, cfg: RewardConfig,
@@ -43,7 +43,7 @@ def score_response(response: str, target: Action, cfg: RewardConfig,
     if logprobs is not None and cfg.self_certainty.source == "topk_logprobs":
         s = self_certainty(logprobs, parsed.rationale_span, len(response), cfg.self_certainty)
     fmt = FORMAT_REWARD if cfg.format_reward else 0.0
-    return combine(fmt, act.action_type, act.attribute, act.value, s, cfg, format_valid=True)
+    return combine(fmt, act.action_type, act.attribute, act.value, s, cfg, format_valid=True, parsed=parsed)
 
 
 def with_exact_self_certainty(rewards: Sequence[RewardBreakdown], values: Sequence[float], cfg: RewardConfig

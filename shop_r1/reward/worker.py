@@ -7,9 +7,11 @@ kill and replace a worker (shop_r1/distributed/reward_pool.py).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 from shop_r1.config import RewardConfig
+from shop_r1.reward.format import parse_response
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.self_certainty import check_reward_config
 from shop_r1.types import Action, RewardBreakdown, ScoreRequest, TokenLogprobs
@@ -22,6 +24,15 @@ def fallback_reward(error: str) -> RewardBreakdown:
     return RewardBreakdown(error=error)
 
 
+def with_parse(reward: RewardBreakdown, response: str, score_fn: ScoreFn) -> RewardBreakdown:
+    """The breakdown with `parsed` filled: the Shop-R1 scorer fills it itself; a plug-in reward (`reward.fn`) that
+    leaves it None gets the response parsed here, so that the reward stage stays the one place that parses."""
+    if score_fn is score_response or reward.parsed is not None or reward.error is not None:
+        return reward
+    parsed = parse_response(response)
+    return reward if parsed is None else dataclasses.replace(reward, parsed=parsed)
+
+
 class RewardWorker:
     def __init__(self, cfg: RewardConfig, score_fn: ScoreFn = score_response) -> None:
         check_reward_config(cfg)
@@ -32,7 +43,8 @@ class RewardWorker:
         out = []
         for req in requests:
             try:
-                out.append(self._score_fn(req.response, req.target, self._cfg, req.logprobs))
+                out.append(with_parse(self._score_fn(req.response, req.target, self._cfg, req.logprobs),
+                                      req.response, self._score_fn))
             except Exception as e:  # noqa: BLE001 - one bad response must not kill the batch; it is flagged
                 out.append(fallback_reward(f"{type(e).__name__}: {e}"))
         return out

@@ -5,7 +5,7 @@ Prompts are chat-templated token ids (the driver tokenizes once, so engines and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from shop_r1.types import Generation, SamplingSpec
 
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from shop_r1.config import Config
 
 
+@runtime_checkable
 class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
         """spec.n completions per prompt, in the prompts' order, each with per-token logprobs."""
@@ -22,10 +23,11 @@ class RolloutEngine(Protocol):
 
     def policy_version(self) -> int: ...
 
+    def pid(self) -> int:
+        """The engine's process id (fault tests kill one)."""
+
     def set_policy_version(self, version: int) -> None:
         """Stamp later samples with `version` without new weights (the learner's update changed nothing)."""
-
-    def vocab_size(self) -> int: ...
 
     def shutdown(self) -> None: ...
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from shop_r1.reward.failures import failure_counts
-from shop_r1.reward.format import parse_response
 from shop_r1.types import ACTION_TYPES, ScoredGeneration
 
 REWARD_TERMS = ("format", "action_type", "attribute", "value", "self_certainty", "total")
@@ -21,7 +20,8 @@ def rollout_metrics(scored: Sequence[ScoredGeneration]) -> dict[str, float]:
     n = max(len(rewards), 1)
     out = {f"reward/{k}": sum(getattr(r, k) for r in rewards) / n for k in REWARD_TERMS}
     out.update(failure_counts(rewards))  # reward/num_failed, and per cause: timeout, crash, scorer error
-    types = [p.action.type if (p := parse_response(c.text)) is not None else "invalid" for c in completions]
+    # The reward stage's parse; a response whose scoring failed counts as invalid (it earned 0, see num_failed).
+    types = [r.parsed.action.type if r.parsed is not None else "invalid" for r in rewards]
     for kind in (*ACTION_TYPES, "invalid"):
         out[f"rollout/type_{kind}"] = types.count(kind) / n
     lengths = [len(c.token_ids) for c in completions]

@@ -130,9 +130,6 @@ class VLLMEngine:
     def set_policy_version(self, version: int) -> None:
         self._version = version
 
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
     def shutdown(self) -> None:
         if getattr(self, "llm", None) is not None:
             del self.llm

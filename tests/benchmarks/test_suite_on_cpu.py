@@ -1,5 +1,6 @@
-"""The benchmark suite's runner: its summary and plots from hand-made results, and a real quick run of two
-benchmarks (ROUGE-L against rouge-score, the reward pool through Ray) into a results folder."""
+"""The benchmark suite's runner: its summary and plots from hand-made results, the pure parts of the TRL race
+(median and spread, per-side summaries, the side-by-side settings table), and a real quick run of two benchmarks
+(ROUGE-L against rouge-score, the reward pool through Ray) into a results folder."""
 
 from __future__ import annotations
 
@@ -13,28 +14,103 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import run_suite  # noqa: E402
+import bench_trl
+import common
+import run_suite
 
+
+def _step(step_s: float, tokens: int, stages: dict) -> dict:
+    return {"step_s": step_s, "generated_tokens": tokens, "prompt_tokens": 2048, "stages": stages}
+
+
+SETTINGS_TRL = {"threads (torch.get_num_threads)": 2, "dtype": "float32", "loss": "global token mean (loss_type=dapo)",
+                "generation": "HF generate"}
+SETTINGS_OURS = {"threads (torch.get_num_threads)": {"learner": 2, "engine": 2},
+                 "dtype": {"learner": "float32", "engine": "float32"},
+                 "loss": "global token mean (rl.loss_aggregation=token)", "generation": "vLLM"}
+# TRL: 8 samples per step in 8, 10 and 6 s; shop-r1 in 4, 2 and 3 s (medians 8 s and 3 s).
+TRL = bench_trl.summarize("trl", [_step(8.0, 320, {"generate": 5.6, "reward": 0.08, "rest": 2.32}),
+                                  _step(10.0, 320, {"generate": 7.0, "reward": 0.1, "rest": 2.9}),
+                                  _step(6.0, 320, {"generate": 4.2, "reward": 0.06, "rest": 1.74})],
+                          batch=8, setup_s=5.0, warmup_s=12.0, settings=SETTINGS_TRL)
+OURS = bench_trl.summarize("shop_r1", [_step(4.0, 256, {"rollout": 2.0, "update": 1.6, "weight_sync": 0.4}),
+                                       _step(2.0, 256, {"rollout": 1.0, "update": 0.8, "weight_sync": 0.2}),
+                                       _step(3.0, 256, {"rollout": 1.5, "update": 1.2, "weight_sync": 0.3})],
+                           batch=8, setup_s=30.0, warmup_s=6.0, settings=SETTINGS_OURS)
+TRL["peak_rss_gib"], OURS["peak_rss_gib"] = 3.0, {"learner": 1.5, "engine": 0.8}
+SCALING_ROW = {"prompt_tokens": 512, "n": 4, "trl_prompt_tokens_per_step": 512, "shop_r1_prompt_tokens_per_step": 512,
+               "trl_step_s": 2.0, "shop_r1_step_s": 1.0, "trl_generated_tokens_per_s": 96.0,
+               "shop_r1_generated_tokens_per_s": 192.0, "speedup": 2.0}
+AT_1024 = {"prompt_tokens": 1024, "trl_prompt_tokens_per_step": 1024, "shop_r1_prompt_tokens_per_step": 1024}
 RESULTS = {
     "rouge": {"shop_r1_pairs_per_s": 30000.0, "rouge_score_pairs_per_s": 10000.0, "speedup": 3.0},
     "reward_pool": {"direct_responses_per_s": 1000.0, "pool1_over_direct": 0.8,
                     "pool": [{"actors": 1, "responses_per_s": 800.0, "scaling_vs_1_actor": 1.0},
                              {"actors": 2, "responses_per_s": 1400.0, "scaling_vs_1_actor": 1.75}]},
-    "trl_tiny": {"prompts_per_step": 2, "n": 4, "max_new_tokens": 48, "max_prompt_tokens": 1200,
-                 "samples_per_s_ratio": 2.5, "generated_tokens_per_s_ratio": 2.0,
-                 "trl": {"samples_per_s": 1.0, "generated_tokens_per_s": 40.0, "step_s": 8.0, "setup_s": 5.0,
-                         "share": {"generate": 0.7, "reward": 0.01, "rest": 0.29}},
-                 "shop_r1": {"samples_per_s": 2.5, "generated_tokens_per_s": 80.0, "step_s": 3.2, "setup_s": 30.0,
-                             "share": {"rollout": 0.5, "reward": 0.05, "update": 0.4, "weight_sync": 0.03,
-                                       "other": 0.02}}},
+    "trl_tiny": {"prompts_per_step": 2, "n": 4, "max_new_tokens": 48, "max_prompt_tokens": 1400, "prompt_tokens": 1024,
+                 "threads": 2, "warmup_steps": 1, "timed_steps": 3,
+                 "settings": bench_trl.settings_rows(TRL["settings"], OURS["settings"]),
+                 "samples_per_s_ratio": 8.0 / 3.0, "generated_tokens_per_s_ratio": (256 / 3) / 40.0,
+                 "speedup": 8.0 / 3.0, "trl": TRL, "shop_r1": OURS},
+    "trl_scaling": {"mode": "scaling", "model": "tiny", "prompts_per_step": 1, "max_new_tokens": 48, "threads": 2,
+                    "warmup_steps": 1, "timed_steps": 2, "note": "2 timed step(s) after 1 warm-up per point",
+                    "prompts": "fixed length", "fixed_n": 4, "fixed_prompt_tokens": 1024,
+                    "by_prompt_tokens": [SCALING_ROW, {**SCALING_ROW, **AT_1024}],
+                    "by_n": [{**SCALING_ROW, **AT_1024, "n": 8, "speedup": 2.5}]},
 }
+
+
+def test_spread_is_median_quartiles_and_range():
+    # [1, 2, 3, 4, 5]: median 3; inclusive quartiles at positions 1 and 3 (0-based) of the sorted values: 2 and 4.
+    assert common.spread([5, 1, 4, 2, 3]) == {"median": 3, "q1": 2, "q3": 4, "min": 1, "max": 5, "n": 5}
+    # [1, 2, 3, 4]: positions 0.75, 1.5, 2.25 -> 1.75, 2.5, 3.25.
+    assert common.spread([4, 3, 2, 1]) == {"median": 2.5, "q1": 1.75, "q3": 3.25, "min": 1, "max": 4, "n": 4}
+    assert common.spread([7.0]) == {"median": 7.0, "q1": 7.0, "q3": 7.0, "min": 7.0, "max": 7.0, "n": 1}
+    with pytest.raises(ValueError):
+        common.spread([])
+
+
+def test_summarize_reports_medians_spreads_and_stages():
+    # Step times 8, 10, 6 s -> median 8; samples/s 8/8, 8/10, 8/6 -> median 1.0; tokens/s 40, 32, 53.3 -> 40.
+    assert TRL["step_s"] == 8.0 and TRL["samples_per_s"] == 1.0 and TRL["generated_tokens_per_s"] == 40.0
+    assert TRL["spread"]["step_s"]["min"] == 6.0 and TRL["spread"]["step_s"]["max"] == 10.0
+    assert TRL["stage_s"] == {"generate": 5.6, "reward": 0.08, "rest": 2.32}  # each stage's median
+    assert TRL["share"]["generate"] == pytest.approx((5.6 + 7.0 + 4.2) / 24.0)  # share of the summed step time
+    assert TRL["settings"]["prompt tokens per step (median)"] == 2048 and TRL["timed_steps"] == 3
+    assert list(OURS["stage_s"]) == ["rollout", "update", "weight_sync"]  # pipeline order
+    with pytest.raises(ValueError, match="no timed step"):
+        bench_trl.summarize("trl", [], batch=8, setup_s=0.0, warmup_s=0.0, settings={})
+
+
+def test_settings_rows_compare_values_per_actor_and_without_notes():
+    rows = {r["setting"]: r for r in bench_trl.settings_rows(SETTINGS_TRL, SETTINGS_OURS)}
+    assert rows["threads (torch.get_num_threads)"]["same"]  # 2 against learner 2, engine 2
+    assert rows["loss"]["same"]  # the option names in parentheses are notes
+    assert not rows["generation"]["same"] and rows["generation"]["kind"] == "by design"
+    assert rows["KL beta"]["trl"] == "not reported" and rows["KL beta"]["same"] is None  # every setting has a row
+    assert not bench_trl.settings_rows({"dtype": "float32"}, {"dtype": {"learner": "float32", "engine": "bfloat16"}}
+                                       )[2]["same"]
+    assert [r["setting"] for r in bench_trl.settings_rows({}, {})] == list(bench_trl.SETTINGS)
+
+
+def test_settings_table_renders_side_by_side():
+    lines = run_suite.settings_table(RESULTS["trl_tiny"]["settings"])
+    assert lines[:2] == ["| setting | TRL | shop-r1 | |", "|---|---|---|---|"]
+    assert "| threads (torch.get_num_threads) | 2 | learner 2, engine 2 | same |" in lines
+    assert "| generation | HF generate | vLLM | by design |" in lines
+    assert "| KL beta | not reported | not reported | not reported |" in lines
+    assert "| prompt tokens per step (median) | 2,048 | 2,048 | same |" in lines  # medians are floats
+    differs = run_suite.settings_table([{"setting": "dtype", "kind": "matched", "trl": "float32",
+                                         "shop_r1": {"learner": "bfloat16"}, "same": False}])
+    assert differs[-1] == "| dtype | float32 | learner bfloat16 | **differs** |"
+    assert run_suite.setting_text(False) == "off" and run_suite.fmt(201.4) == "201" and run_suite.fmt(0.2) == "0.200"
 
 
 def test_summary_rows_are_the_measured_ratios():
     rows = {r[0]: r for r in run_suite.summary_rows(RESULTS)}
     assert rows["ROUGE-L (reward)"][3] == "3.00x"
     assert rows["Reward pool, 2 actors"][1:] == ("1,400 responses/s", "1 actor 800 responses/s", "1.75x")
-    assert rows["GRPO vs TRL, tiny Qwen2: samples/s"][1:] == ("2.500", "TRL 1.000", "2.50x")
+    assert rows["GRPO vs TRL, tiny Qwen2: samples/s"][1:] == ("2.667", "TRL 1.000", "2.67x")  # medians
     assert "rollout" not in " ".join(rows).lower()  # only what was run
 
 
@@ -43,20 +119,31 @@ def test_summary_and_plots_are_written(tmp_path):
             "torch": "2.13.0", "vllm": "0.32.0", "deepspeed": "0.19.8", "ray": "2.60.0", "transformers": "5.19.0",
             "trl": "1.16.0"}
     plots = run_suite.write_plots(tmp_path, RESULTS)
-    assert plots == ["ratios.png", "step_split.png", "reward_pool_scaling.png"]
+    assert plots == ["ratios.png", "step_split.png", "trl_scaling.png", "reward_pool_scaling.png"]
     for p in plots:
         assert (tmp_path / p).read_bytes()[:4] == b"\x89PNG"
     run_suite.write_summary(tmp_path, info, RESULTS, {"rouge": 3.0}, plots)
     md = (tmp_path / "README.md").read_text()
-    assert "| GRPO vs TRL, tiny Qwen2: gen. tokens/s | 80.0 | TRL 40.0 | 2.00x |" in md
-    assert "TRL 8.0 s/step = generate 70%, reward 1%, rest 29%" in md and "![ratios.png](ratios.png)" in md
+    assert "| GRPO vs TRL, tiny Qwen2: gen. tokens/s | 85.3 | TRL 40.0 | 2.13x |" in md
+    assert "### GRPO vs TRL, tiny Qwen2 (`trl_tiny`)" in md and "every prompt cut to 1024 tokens" in md
+    assert "| threads (torch.get_num_threads) | 2 | learner 2, engine 2 | same |" in md
+    # TRL: step times 6, 8, 10 s -> 8.00 [6.00-10.0]; samples/s 0.8, 1.0, 1.33.
+    assert ("| TRL | 8.00 [6.00-10.0] | 1.00 [0.800-1.33] | 40.0 [32.0-53.3] | generate 5.60, reward 0.080, "
+            "rest 2.32 | 12.0 | 5.00 | 3.0 |") in md
+    assert md.count("| learner 1.5, engine 0.8 |") == 1
+    assert "| prompt length (n=4) | 512 | 4 | 2.00 | 1.00 | 2.00x | 96.0 | 192 |" in md
+    assert "| group size (1024 tokens) | 1,024 | 8 | 2.00 | 1.00 | 2.50x | 96.0 | 192 |" in md
+    # A cut that missed its length shows what each side measured.
+    off = {**RESULTS["trl_scaling"], "by_n": [{**SCALING_ROW, "trl_prompt_tokens_per_step": 513.0}]}
+    assert "| 512 (per step: TRL 513, shop-r1 512) | 4 |" in "\n".join(run_suite.scaling_lines(off))
+    assert "![ratios.png](ratios.png)" in md and "![trl_scaling.png](trl_scaling.png)" in md
 
 
 @pytest.mark.timeout(600)
 def test_quick_suite_run_writes_results(tmp_path):
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, str(BENCH / "run_suite.py"), "--quick", "--only", "rouge,reward_pool",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
     assert set(data["results"]) == {"rouge", "reward_pool"} and data["quick"] is True

@@ -1,0 +1,80 @@
+"""The seams the GRPO and SFT drivers are written against: the learner group, the engine group and the weight sync.
+
+    Learners     LearnerGroup (DeepSpeed ranks as Ray actors, or one in-process)
+    Engines      EngineGroup (vLLM engines as Ray actors, or one in-process)
+    WeightSync   BroadcastSync (one process group, bucketed broadcast: gloo / NCCL), DirectSync (local mode)
+
+A second backend (FSDP learners, SGLang engines, a CUDA-IPC sync) is a new class with these methods, chosen where
+the driver builds its groups; the loop in `train.py` does not change. Per-actor seams: `shop_r1.learner.protocol.
+Learner` and `shop_r1.rollout.engine.RolloutEngine`. tests/test_protocols_on_cpu.py checks each backend against
+its protocol, parameter names included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from shop_r1.types import Generation, Prompt, SamplingSpec
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    seconds: float
+    num_bytes: int
+
+
+@runtime_checkable
+class Learners(Protocol):
+    world_size: int
+
+    def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
+        """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""
+
+    def eval_loss(self, micro_batches: Sequence[Any]) -> float: ...
+
+    def grpo_step(self, batch: Any, rl: Any) -> list[Any]:
+        """One GRPO update on the whole batch (split over the ranks); GRPOStepStats per rank."""
+
+    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
+        ...
+
+    def probe_logprobs(self, batch: Any) -> list[list[float]]: ...
+
+    def save_hf(self, out_dir: str) -> None: ...
+
+    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> None: ...
+
+    def load_checkpoint(self, ckpt_dir: str) -> dict: ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Engines(Protocol):
+    restarts: int
+    on_replace: Callable[[], None] | None
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
+        """All prompts' generations in the prompts' order."""
+
+    def generate_scored(self, prompts: Sequence[Prompt], spec: SamplingSpec, pool: Any) -> Any:
+        """Generate and score through the reward pool: a ScoredBatch in the prompts' order."""
+
+    def load_weights(self, named_tensors: Any, version: int) -> None: ...
+
+    def set_policy_version(self, version: int) -> None: ...
+
+    def policy_versions(self) -> list[int]: ...
+
+    def shutdown(self, timeout_s: float = 60.0) -> None: ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    def push(self, version: int) -> SyncStats:
+        """The learner's current weights to every engine; afterwards every engine reports `version`."""
+
+    def bump(self, version: int) -> SyncStats:
+        """The weights did not change (a skipped update): only the engines' version moves; no bytes sent."""

@@ -1,0 +1,45 @@
+"""Every backend matches the protocol the drivers are written against: each protocol method exists on the backend
+with the same parameter names (in order) and defaults, so a call written against the protocol works on it."""
+
+import inspect
+
+import pytest
+
+from shop_r1.distributed.engine_group import EngineGroup
+from shop_r1.distributed.learner_group import LearnerGroup
+from shop_r1.distributed.protocols import Engines, Learners, WeightSync
+from shop_r1.distributed.weight_sync import BroadcastSync, DirectSync
+from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.protocol import Learner
+from shop_r1.rollout.engine import RolloutEngine
+from shop_r1.rollout.vllm_engine import VLLMEngine
+
+
+def _methods(protocol):
+    return {name: fn for name, fn in vars(protocol).items() if inspect.isfunction(fn) and not name.startswith("_")}
+
+
+def _params(fn):
+    # Ray adds a keyword-only `_ray_trace_ctx` to the methods of a class it has made an actor (in place).
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values() if not p.name.startswith("_ray")]
+
+
+@pytest.mark.parametrize("protocol, backend", [
+    (Learner, DeepSpeedLearner), (RolloutEngine, VLLMEngine), (Learners, LearnerGroup), (Engines, EngineGroup),
+    (WeightSync, BroadcastSync), (WeightSync, DirectSync)])
+def test_backend_implements_its_protocol(protocol, backend):
+    methods = _methods(protocol)
+    assert methods, protocol
+    for name, fn in methods.items():
+        impl = getattr(backend, name, None)
+        assert impl is not None, f"{backend.__name__} lacks {protocol.__name__}.{name}"
+        assert _params(impl) == _params(fn), f"{backend.__name__}.{name}{inspect.signature(impl)} vs protocol {fn}"
+
+
+def test_the_check_can_fail():
+    class Partial:
+        def grpo_step(self, batch, rl_config):  # renamed parameter
+            return None
+
+    assert _params(Partial.grpo_step) != _params(Learner.grpo_step)
+    assert getattr(Partial, "sft_step", None) is None
