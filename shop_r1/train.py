@@ -232,6 +232,9 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     learners: Learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
                                       reference_path=policy_path, learner_cls=learner_cls)
     sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
+    threads = {"threads/engine_min": min(engines.num_threads()), "threads/learner_min": min(learners.num_threads())}
+    print(f"  threads (torch.get_num_threads): engines {threads['threads/engine_min']}, learner ranks "
+          f"{threads['threads/learner_min']}", flush=True)
     sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
     step, pending = _resume(ckpt_root, learners, sampler) if resume else (0, None)
     sync.push(step)  # engines start from exactly the learner's weights
@@ -262,7 +265,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                                    (t0, t1, t2, t3, time.perf_counter()), source.push_wait_s)
             if cfg.rl.check_weight_sync:
                 metrics.update(check_weight_sync(engines, learners, rollout.prompts[0], step, pad_id))
-            tracker.log(step, metrics)                                                     # log
+            tracker.log(step, {**metrics, **threads})                                      # log
             files.write(step, rollout.prompts, scored, adv.advantages.tolist())
             rewards_seen.append(metrics["reward/total"])
             if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint

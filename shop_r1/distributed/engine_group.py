@@ -176,6 +176,9 @@ class EngineGroup:
     def policy_versions(self) -> list[int]:
         return get([e.policy_version.remote() for e in self.engines])
 
+    def num_threads(self) -> list[int]:
+        return get([e.num_threads.remote() for e in self.engines])
+
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Ask every engine to release vLLM (all at once, `timeout_s` in all), then kill every actor: a dead or hung
         engine does not stop the others' teardown."""

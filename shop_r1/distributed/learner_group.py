@@ -109,6 +109,9 @@ class LearnerGroup:
     def load_checkpoint(self, ckpt_dir: str) -> dict:
         return get([r.load_checkpoint.remote(ckpt_dir) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
 
+    def num_threads(self) -> list[int]:
+        return get([r.num_threads.remote() for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+
     def shutdown(self) -> None:
         for r in self.ranks:
             kill(r)

@@ -48,6 +48,9 @@ class Learners(Protocol):
 
     def load_checkpoint(self, ckpt_dir: str) -> dict: ...
 
+    def num_threads(self) -> list[int]:
+        """torch.get_num_threads() in each rank."""
+
     def shutdown(self) -> None: ...
 
 
@@ -67,6 +70,9 @@ class Engines(Protocol):
     def set_policy_version(self, version: int) -> None: ...
 
     def policy_versions(self) -> list[int]: ...
+
+    def num_threads(self) -> list[int]:
+        """torch.get_num_threads() in each engine."""
 
     def shutdown(self, timeout_s: float = 60.0) -> None: ...
 

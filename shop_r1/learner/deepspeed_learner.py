@@ -390,6 +390,9 @@ class DeepSpeedLearner:
         tokens = sum(mb.num_loss_tokens for mb in micro_batches)
         return total / max(tokens, 1)
 
+    def num_threads(self) -> int:
+        return torch.get_num_threads()
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights in HF names; under ZeRO-3 gathered, so every rank must iterate it."""
         import deepspeed

@@ -37,5 +37,8 @@ class Learner(Protocol):
 
     def load_checkpoint(self, ckpt_dir: str) -> dict: ...
 
+    def num_threads(self) -> int:
+        """torch.get_num_threads() in this rank's process."""
+
     def named_weights(self) -> Iterator[tuple[str, Any]]:
         """HF-named full tensors (gathered under ZeRO-3), for the engines."""

@@ -26,6 +26,9 @@ class RolloutEngine(Protocol):
     def pid(self) -> int:
         """The engine's process id (fault tests kill one)."""
 
+    def num_threads(self) -> int:
+        """torch.get_num_threads() in the engine's process (each stage should get the cores it reserved)."""
+
     def set_policy_version(self, version: int) -> None:
         """Stamp later samples with `version` without new weights (the learner's update changed nothing)."""
 

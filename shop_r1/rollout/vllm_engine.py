@@ -127,6 +127,11 @@ class VLLMEngine:
     def pid(self) -> int:
         return os.getpid()
 
+    def num_threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
     def set_policy_version(self, version: int) -> None:
         self._version = version
 

@@ -68,6 +68,8 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
     assert [r["step"] for r in logged] == [1, 2, 3]
     for r in logged:
         assert METRIC_KEYS <= set(r), METRIC_KEYS - set(r)
+        # Each actor runs as many torch threads as the Ray CPUs it reserved (1 each here; the demos reserve 2).
+        assert r["threads/engine_min"] == 1 and r["threads/learner_min"] == 1
         # After every sync the engine computes the learner's logprobs (fp32), greedy and at T = 0.6 on the samples.
         assert r["weight_sync/check_max_abs_logprob_diff"] < 1e-4
         assert r["train/sampler_logprob_abs_diff_max"] < 1e-4
