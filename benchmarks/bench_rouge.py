@@ -8,7 +8,6 @@ Run: python benchmarks/bench_rouge.py [--pairs N]
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time

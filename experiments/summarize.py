@@ -162,7 +162,7 @@ def _table(suite_name: str, rows: list, results: dict[str, Any], workspace: str)
             lines.append(f"| {r.label} | (not run yet) | | | | | {paper_s} |")
             continue
         iv = res["intervals"]
-        cell = lambda k: f"{_pct(iv[k]['value'])} [{_pct(iv[k]['low'])}, {_pct(iv[k]['high'])}]"  # noqa: E731
+        cell = lambda k, iv=iv: f"{_pct(iv[k]['value'])} [{_pct(iv[k]['low'])}, {_pct(iv[k]['high'])}]"  # noqa: E731
         diff = res.get("minus_sft", {}).get("exact_match")
         diff_s = f"{100 * diff['value']:+.2f} [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}]" if diff else "-"
         lines.append(f"| {r.label} | {cell('exact_match')} | {cell('type_accuracy')} | {cell('type_macro_f1')} | "

@@ -9,8 +9,8 @@ Pure numpy; seeded, so a table is reproducible.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from shop_r1.config import Config
 from shop_r1.distributed.engine_group import EngineGroup
@@ -116,7 +116,7 @@ def comparison_table(reports: Sequence[EvalReport], baseline: str = "SFT") -> st
     for r in reports:
         m = r.metrics
         iv = bootstrap_intervals(*preds[r.label])
-        cell = lambda k: f"{100 * iv[k].value:.2f}% [{100 * iv[k].low:.1f}, {100 * iv[k].high:.1f}]"  # noqa: E731
+        cell = lambda k, iv=iv: f"{100 * iv[k].value:.2f}% [{100 * iv[k].low:.1f}, {100 * iv[k].high:.1f}]"  # noqa: E731
         diff = "-"
         if baseline in preds and r.label != baseline:
             d = paired_difference(preds[baseline][0], preds[r.label][0], preds[r.label][1])["exact_match"]

@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 from shop_r1.data.jsonl import read_jsonl_objects
 from shop_r1.reward.action import exact_match

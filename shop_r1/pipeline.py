@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from shop_r1.config import Config, save_config
 from shop_r1.storage import mirror_or_warn, mirror_run

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from shop_r1.rollout.metrics import REWARD_TERMS
 from shop_r1.types import ACTION_TYPES

@@ -50,8 +50,8 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     print(f"SFT: {len(sequences)} conversations ({tokenized.num_dropped} dropped as too long), "
           f"{cfg.sft.epochs} epochs x {steps_per_epoch} steps, {cfg.learner.num_ranks} rank(s)", flush=True)
 
-    print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s) (the first run on a machine builds DeepSpeed's "
-          "CPU communication op: about a minute)", flush=True)
+    print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s) (the first run on a machine builds "
+          "DeepSpeed's CPU communication op: about a minute)", flush=True)
     group = LearnerGroup(model_path, cfg.learner, cfg.sft.lr, total_steps, cfg.seed, local=local,
                          warmup_steps=round(cfg.sft.warmup_ratio * total_steps))
     tracker = Tracker(cfg.run_dir, cfg.logging, "sft", config_to_dict(cfg), total_steps=total_steps)
@@ -61,8 +61,8 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
         for epoch in range(cfg.sft.epochs):
             for batch in sft_global_batches(sequences, cfg.sft.global_batch_size, cfg.learner.num_ranks, epoch,
                                             cfg.seed):
-                per_rank = [pack_micro_batches(share, cfg.learner.max_tokens_per_micro_batch, tokenizer.pad_token_id or 0)
-                            for share in batch]
+                budget, pad = cfg.learner.max_tokens_per_micro_batch, tokenizer.pad_token_id or 0
+                per_rank = [pack_micro_batches(share, budget, pad) for share in batch]
                 num_tokens = sum(mb.num_loss_tokens for share in per_rank for mb in share)
                 t0 = time.perf_counter()
                 stats = group.sft_step(per_rank, num_tokens)

@@ -10,11 +10,11 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from shop_r1.config import LoggingConfig
-
 
 # The console line of a step shows these (when logged); every figure goes to the JSONL file and wandb.
 CONSOLE_KEYS = ("sft/loss", "sft/grad_norm", "sft/lr", "reward/total", "reward/format", "reward/action_type",

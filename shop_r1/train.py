@@ -231,7 +231,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
     learners: Learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
                                       reference_path=policy_path, learner_cls=learner_cls)
-    sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, torch.cuda.is_available())
+    sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local,
+                                        torch.cuda.is_available())
     threads = {"threads/engine_min": min(engines.num_threads()), "threads/learner_min": min(learners.num_threads())}
     print(f"  threads (torch.get_num_threads): engines {threads['threads/engine_min']}, learner ranks "
           f"{threads['threads/learner_min']}", flush=True)

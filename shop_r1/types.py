@@ -31,7 +31,7 @@ class Action:
         return {"type": "terminate"}
 
     @staticmethod
-    def from_dict(d: Any, where: str = "action") -> "Action":
+    def from_dict(d: Any, where: str = "action") -> Action:
         """Validate and build; raises ValueError naming `where` and the offending field."""
         if not isinstance(d, dict):
             raise ValueError(f"{where}: expected an object, got {type(d).__name__}")

@@ -111,7 +111,8 @@ def test_damaged_latest_pointer_is_an_error_not_a_silent_restart(tmp_path):
     assert checkpoint.latest(tmp_path) is None  # no pointer: a fresh run
     (tmp_path / "step_000004").mkdir()
     (tmp_path / "latest").write_text("step_000004")
-    with pytest.raises(FileNotFoundError, match="names step_000004, which has no state.json: the checkpoint is damaged"):
+    with pytest.raises(FileNotFoundError,
+                       match="names step_000004, which has no state.json: the checkpoint is damaged"):
         checkpoint.latest(tmp_path)
 
 

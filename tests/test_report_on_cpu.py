@@ -29,7 +29,8 @@ def _run_folder(tmp_path: Path, torn: bool = False) -> Path:
     text = "\n".join(lines) + "\n" + ('{"step": 4, "reward/to' if torn else "")
     (run / "metrics_grpo.jsonl").write_text(text)
     (run / "metrics_sft.jsonl").write_text("\n".join(json.dumps({"step": s, "sft/loss": 3.0 - s}) for s in (1, 2)))
-    for name, label, em in [("sft", "SFT", 0.25), ("zero_shot", "Zero-shot prompting", 0.0), ("shop_r1", "Shop-R1", 0.5)]:
+    for name, label, em in [("sft", "SFT", 0.25), ("zero_shot", "Zero-shot prompting", 0.0),
+                            ("shop_r1", "Shop-R1", 0.5)]:
         (run / "eval" / name).mkdir(parents=True)
         (run / "eval" / name / "metrics.json").write_text(json.dumps(
             {"label": label, "n": 8, "exact_match": em, "type_accuracy": 0.5, "type_macro_f1": 0.4,

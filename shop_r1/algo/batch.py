@@ -7,8 +7,8 @@ right-padded. `completion_mask[b, t] = 1` when token t of row b is a completion 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 import torch
 
@@ -37,13 +37,13 @@ class GRPOBatch:
         """Rows with at least one completion token (an empty padding row trains nothing)."""
         return int((self.completion_mask.sum(dim=1) > 0).sum())
 
-    def select(self, rows: Sequence[int]) -> "GRPOBatch":
+    def select(self, rows: Sequence[int]) -> GRPOBatch:
         idx = torch.tensor(list(rows), dtype=torch.long)
         return GRPOBatch(*(t.index_select(0, idx) for t in (self.input_ids, self.attention_mask, self.completion_mask,
                                                           self.rationale_mask, self.advantages,
                                                           self.sampler_logprobs)), temperature=self.temperature)
 
-    def trimmed(self) -> "GRPOBatch":
+    def trimmed(self) -> GRPOBatch:
         """The same rows cut to the longest of them (rows are right-padded, so nothing real is cut)."""
         width = max(2, int(self.attention_mask.sum(dim=1).max())) if self.num_responses else 2
         if width >= self.input_ids.shape[1]:
@@ -52,7 +52,7 @@ class GRPOBatch:
                                                    self.rationale_mask)), self.advantages,
                          self.sampler_logprobs[:, :width], temperature=self.temperature)
 
-    def empty_like(self, rows: int = 1) -> "GRPOBatch":
+    def empty_like(self, rows: int = 1) -> GRPOBatch:
         """`rows` two-token rows that train nothing (all masks 0): what a rank with no share of the batch runs so that
         it still joins every collective forward and backward."""
         ids = torch.zeros((rows, 2), dtype=torch.long)

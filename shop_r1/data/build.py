@@ -11,8 +11,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shop_r1.config import DataConfig
-from shop_r1.data.examples import (balance_rl_examples, build_rl_examples, build_sft_examples,
-                                   build_step_sft_examples, chat_token_counter, type_counts, write_examples_jsonl)
+from shop_r1.data.examples import (
+    balance_rl_examples,
+    build_rl_examples,
+    build_sft_examples,
+    build_step_sft_examples,
+    chat_token_counter,
+    type_counts,
+    write_examples_jsonl,
+)
 from shop_r1.data.sessions import load_sessions, split_sessions
 from shop_r1.data.stats import RLExampleStats, SessionStats, rl_example_stats, session_stats
 

@@ -16,13 +16,19 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from shop_r1.data.jsonl import read_jsonl_objects
-from shop_r1.data.prompts import (SYSTEM_PROMPT, apply_chat_template, render_action, render_dropped_observation,
-                                  render_observation)
+from shop_r1.data.prompts import (
+    SYSTEM_PROMPT,
+    apply_chat_template,
+    render_action,
+    render_dropped_observation,
+    render_observation,
+)
 from shop_r1.data.sessions import write_jsonl_atomic
 from shop_r1.types import ACTION_TYPES, Action, Message, RLExample, Session, SFTExample
 
@@ -92,7 +98,7 @@ def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_toke
         for t in range(1, len(s.steps)):
             example_id = f"{s.session_id}:{t}"
             lo = t if context == "latest_step" else 0
-            prompt = lambda k: _rl_prompt(s, t, k, history_rationales)  # noqa: E731 - k earlier pages omitted
+            prompt = lambda k, s=s, t=t: _rl_prompt(s, t, k, history_rationales)  # noqa: E731 - k earlier pages omitted
             if count_tokens(prompt(t)) > max_prompt_tokens:
                 over.append(example_id)
                 continue

@@ -11,8 +11,9 @@ which `get` returns or raises, so errors surface at the same place as with Ray.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 # Forwarded to every actor so a worker on another node behaves like the driver (offline hub, CPU accelerator, ...).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",

@@ -14,8 +14,9 @@ have drawn. At most `rollout.max_engine_restarts` replacements per run, then Eng
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from shop_r1.config import RolloutConfig
 from shop_r1.distributed.actors import Resources, get, is_actor_death, kill, spawn, wait_first

@@ -7,7 +7,8 @@ holds it for the group's lifetime; every rank starts with MASTER_ADDR / MASTER_P
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from shop_r1.config import LearnerConfig
 from shop_r1.distributed.actors import Resources, get, kill, spawn

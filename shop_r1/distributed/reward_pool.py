@@ -21,8 +21,9 @@ Local mode cannot interrupt a hang (it runs in this process): use it for tests a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from shop_r1.config import RewardConfig, RewardPoolConfig
 from shop_r1.distributed.actors import ActorTimeout, Resources, get, kill, spawn

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from shop_r1.config import RayConfig
 from shop_r1.distributed.actors import actor_env
-
 
 # A local cluster advertises at least this many logical CPUs, so that the engine, the learner and the reward pool of a
 # GRPO run can all be placed on a 2-core machine (they time-share its cores; nothing is pinned by Ray on CPU).

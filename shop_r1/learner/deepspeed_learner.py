@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from shop_r1.config import LearnerConfig
 from shop_r1.learner.sft_data import MicroBatch
 from shop_r1.types import GRPOStepStats, SFTStepStats
-
 
 RENDEZVOUS_TIMEOUT_S = 600.0
 
@@ -187,7 +187,7 @@ class DeepSpeedLearner:
                 out.append(value / logits.shape[-1] if normalize_by_vocab else value)
         return out[:batch.num_responses]  # without the padding rows of _micro_batches
 
-    def grpo_step(self, batch: Any, rl: Any) -> "GRPOStepStats":
+    def grpo_step(self, batch: Any, rl: Any) -> GRPOStepStats:
         """One rollout batch: reference and old logprobs, then `rl.num_minibatches` clipped-surrogate updates.
 
         `batch` is this rank's share (any size, even empty). The loss is the global mean over every rank's tokens

@@ -11,8 +11,9 @@ whose last pair alone does not fit is left out and counted (truncating a JSON ta
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

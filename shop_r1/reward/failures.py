@@ -12,7 +12,7 @@ exceeds reward_pool.max_failed_fraction stops the run (`check_failed_fraction`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from shop_r1.types import RewardBreakdown
 

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from shop_r1.config import RewardConfig
 from shop_r1.reward.action import action_reward

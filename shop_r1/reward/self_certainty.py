@@ -15,7 +15,8 @@ division is off by default and on with `normalize_by_vocab`.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shop_r1.config import RewardConfig, SelfCertaintyConfig
 from shop_r1.types import TokenLogprobs

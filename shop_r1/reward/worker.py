@@ -8,7 +8,7 @@ kill and replace a worker (shop_r1/distributed/reward_pool.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from shop_r1.config import RewardConfig
 from shop_r1.reward.format import parse_response

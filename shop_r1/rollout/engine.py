@@ -5,7 +5,8 @@ Prompts are chat-templated token ids (the driver tokenizes once, so engines and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shop_r1.types import Generation, SamplingSpec
 

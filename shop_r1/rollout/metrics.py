@@ -6,7 +6,7 @@ The action-type mix makes the paper's failure mode visible at a glance: a policy
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from shop_r1.reward.failures import failure_counts
 from shop_r1.types import ACTION_TYPES, ScoredGeneration

@@ -10,7 +10,8 @@ rollout dump; every figure of a step can be recomputed from it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from shop_r1.types import ScoredGeneration
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tokenizers.decoders import DecodeStream
 

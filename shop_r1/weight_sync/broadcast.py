@@ -8,9 +8,9 @@ its dtype and broadcast once, so the transfer is a few large messages whatever t
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable, Iterator
 
 import torch
 

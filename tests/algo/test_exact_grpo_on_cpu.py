@@ -25,7 +25,8 @@ def _completion(text, version=0, n_tokens=3):
                       finish_reason="stop", policy_version=version)
 
 
-def _scored(texts, example_id="ex0", version=0, cfg=RewardConfig()):
+def _scored(texts, example_id="ex0", version=0, cfg=None):
+    cfg = cfg if cfg is not None else RewardConfig()
     gen = Generation(0, (1, 2, 3), tuple(_completion(t, version) for t in texts), vocab_size=100)
     rewards = tuple(score_response(t, CLICK, cfg) for t in texts)
     return ScoredGeneration(Prompt(example_id, (1, 2, 3), CLICK), gen, rewards)

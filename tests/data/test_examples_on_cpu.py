@@ -5,8 +5,16 @@ from collections import Counter
 
 import pytest
 
-from shop_r1.data.examples import (balance_rl_examples, build_rl_examples, build_sft_examples, chat_token_counter,
-                                   load_rl_examples, load_sft_examples, type_counts, write_examples_jsonl)
+from shop_r1.data.examples import (
+    balance_rl_examples,
+    build_rl_examples,
+    build_sft_examples,
+    chat_token_counter,
+    load_rl_examples,
+    load_sft_examples,
+    type_counts,
+    write_examples_jsonl,
+)
 from shop_r1.data.prompts import SYSTEM_PROMPT, apply_chat_template
 from shop_r1.types import Action, Message, RLExample, Session, Step
 

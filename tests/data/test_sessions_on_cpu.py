@@ -10,7 +10,8 @@ from shop_r1.types import Action, Session, Step
 
 def _session(sid: str, n: int = 2) -> Session:
     steps = [Step("<html>home</html>", Action("type_and_submit", "search_input", "red shoes"), "I need shoes.")]
-    steps += [Step(f"<html>p{i}</html>", Action("click", f"search_results.shoe {i}.view_product")) for i in range(n - 2)]
+    steps += [Step(f"<html>p{i}</html>", Action("click", f"search_results.shoe {i}.view_product"))
+              for i in range(n - 2)]
     steps.append(Step("<html>last</html>", Action("terminate"), None))
     return Session(sid, tuple(steps))
 

@@ -42,7 +42,7 @@ def _samples(run_dir: Path) -> list[tuple[int, list[str]]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_killed_engine_is_replaced_resynced_and_its_prompts_requeued(ray_local_cluster, tiny_model_dir, prompts,
+def test_killed_engine_is_replaced_resynced_and_its_prompts_requeued(ray_local_cluster, tiny_model_dir, prompts,  # noqa: F811
                                                                      tmp_path, capsys):
     _register_by_value()
     import sys

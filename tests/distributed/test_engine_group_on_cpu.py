@@ -89,7 +89,7 @@ def test_weight_loading_equals_a_fresh_engine_from_the_checkpoint(group, prompts
     finally:
         fresh_group.shutdown()
     assert group.policy_versions() == [1]
-    for g_loaded, g_fresh, g_before, p_ids in zip(loaded, fresh, before, ids):
+    for g_loaded, g_fresh, _before, p_ids in zip(loaded, fresh, before, ids):
         a, b = g_loaded.completions[0], g_fresh.completions[0]
         assert a.token_ids == b.token_ids and a.policy_version == 1
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)

@@ -30,7 +30,7 @@ class DyingLearner(DeepSpeedLearner):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_killed_learner_resumes_from_the_last_checkpoint(ray_local_cluster, tiny_model_dir, prompts, tmp_path,
+def test_killed_learner_resumes_from_the_last_checkpoint(ray_local_cluster, tiny_model_dir, prompts, tmp_path,  # noqa: F811
                                                          capsys):
     _register_by_value()
     import sys

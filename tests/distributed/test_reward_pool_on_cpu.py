@@ -15,7 +15,8 @@ from shop_r1.reward.scorer import score_response
 from shop_r1.types import Action, ScoreRequest
 
 CLICK = Action("click", name="search_results.trail shoe.view_product")
-GOOD = '{"rationale": "I like this one.", "action": {"type": "click", "name": "search_results.trail shoe.view_product"}}'
+GOOD = ('{"rationale": "I like this one.", "action": {"type": "click", '
+        '"name": "search_results.trail shoe.view_product"}}')
 # Hand-computed: format 0.5 + type 0.3 + attribute 0.2 + DARS(1000) * ROUGE-L 1.0 = 1001.0
 GOOD_TOTAL = 1001.0
 
@@ -62,7 +63,8 @@ def test_local_pool_flags_a_poisoned_response_and_scores_the_rest():
 
 @contextlib.contextmanager
 def cpu_hogs(n=2):
-    """Busy-looping processes for the block's duration: a loaded machine, where a fresh worker takes seconds to start."""
+    """Busy-looping processes for the block's duration: a loaded machine, where a fresh worker takes seconds to
+    start."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     try:
         yield
@@ -132,7 +134,7 @@ def test_ray_pool_keeps_order_across_workers(ray_local_cluster, num_workers):
     pool = RewardPool(RewardConfig(), RewardPoolConfig(num_workers=num_workers), local=False)
     try:
         names = [f"refinements.brand.b{i}" for i in range(10)]
-        requests = [ScoreRequest('{"rationale": "r", "action": {"type": "click", "name": "%s"}}' % n,
+        requests = [ScoreRequest(f'{{"rationale": "r", "action": {{"type": "click", "name": "{n}"}}}}',
                                  Action("click", name=names[0])) for n in names]
         rewards = pool.score(requests, chunk_size=3)
         # Only the first matches its target exactly; "refinements brand b1" vs "... b0": LCS 2 of 3 tokens,

@@ -53,7 +53,8 @@ def test_learner_grpo_step_on_cuda_bf16(tiny_model_dir):
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = torch.tensor([tok("<|im_start|>user\nshoes<|im_end|>\n<|im_start|>assistant\n{\"rationale\"")["input_ids"]] * 4)
+    text = "<|im_start|>user\nshoes<|im_end|>\n<|im_start|>assistant\n{\"rationale\""
+    ids = torch.tensor([tok(text)["input_ids"]] * 4)
     comp = torch.zeros_like(ids)
     comp[:, -4:] = 1
     batch = GRPOBatch(ids, torch.ones_like(ids), comp, torch.zeros_like(ids), torch.tensor([1.0, -1.0, 0.5, -0.5]),

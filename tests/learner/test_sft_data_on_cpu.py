@@ -3,8 +3,7 @@
 import json
 
 from shop_r1.data.examples import build_sft_examples
-from shop_r1.learner.sft_data import (pack_micro_batches, sft_global_batches, tokenize_sft_example,
-                                      tokenize_sft_examples)
+from shop_r1.learner.sft_data import pack_micro_batches, sft_global_batches, tokenize_sft_example, tokenize_sft_examples
 from shop_r1.types import Action, Session, Step
 
 

@@ -5,8 +5,13 @@ import json
 
 from shop_r1.config import DataConfig
 from shop_r1.data.build import build_datasets
-from shop_r1.data.examples import (build_rl_examples, build_step_sft_examples, chat_token_counter,
-                                   load_sft_examples, write_examples_jsonl)
+from shop_r1.data.examples import (
+    build_rl_examples,
+    build_step_sft_examples,
+    chat_token_counter,
+    load_sft_examples,
+    write_examples_jsonl,
+)
 from shop_r1.data.prompts import render_action
 from shop_r1.data.sessions import write_sessions
 from shop_r1.data.synth import synthesize_sessions

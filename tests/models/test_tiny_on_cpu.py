@@ -37,7 +37,8 @@ def test_same_seed_same_model(tmp_path, tiny_model_dir):
     a = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     b = AutoModelForCausalLM.from_pretrained(other).state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((other / "tokenizer.json").read_text()) == json.loads((tiny_model_dir / "tokenizer.json").read_text())
+    tokenizer_json = json.loads((tiny_model_dir / "tokenizer.json").read_text())
+    assert json.loads((other / "tokenizer.json").read_text()) == tokenizer_json
     different = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "seed1", seed=1)).state_dict()
     assert not torch.equal(a["model.embed_tokens.weight"], different["model.embed_tokens.weight"])
 

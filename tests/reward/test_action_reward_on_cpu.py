@@ -114,7 +114,8 @@ def test_ablation_rationale_reward_off_keeps_reporting_s_but_drops_it_from_total
     lp = TokenLogprobs(token_offsets=(0, start, start + 2), topk_logprobs=((-0.1,), (0.0,), (-0.1,)), vocab_size=8)
     # The rationale token has p = 1 over V = 8: KL(p||U) = 1 * log 1 + log 8 = 2.0794
     on = score_response(resp, TERM, RewardConfig(self_certainty=SelfCertaintyConfig(source="topk_logprobs")), lp)
-    off = score_response(resp, TERM, RewardConfig(rationale_reward=False, self_certainty=SelfCertaintyConfig(source="topk_logprobs")), lp)
+    off = score_response(resp, TERM, RewardConfig(rationale_reward=False,
+                                                  self_certainty=SelfCertaintyConfig(source="topk_logprobs")), lp)
     assert on.self_certainty == pytest.approx(2.0794415, abs=1e-6) == off.self_certainty
     assert on.total == pytest.approx(0.8 + 0.005 * 2.0794415)
     assert off.total == pytest.approx(0.8)

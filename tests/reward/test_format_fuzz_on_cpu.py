@@ -84,5 +84,5 @@ def test_random_fuzz_never_raises():
 def test_logprobs_that_do_not_match_the_tokens_are_an_error_not_a_score():
     text = json.dumps({"rationale": "r", "action": {"type": "terminate"}})
     with pytest.raises(ValueError, match="logprob rows"):
-        score_response(text, Action("terminate"), RewardConfig(self_certainty=SelfCertaintyConfig(source="topk_logprobs")),
-                       TokenLogprobs((0, 5), ((-0.1,),), 10))
+        cfg = RewardConfig(self_certainty=SelfCertaintyConfig(source="topk_logprobs"))
+        score_response(text, Action("terminate"), cfg, TokenLogprobs((0, 5), ((-0.1,),), 10))

@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from shop_r1.config import RewardConfig, SelfCertaintyConfig
-from shop_r1.reward.self_certainty import (check_reward_config, kl_to_uniform_logits, kl_to_uniform_topk,
-                                           rationale_token_mask, self_certainty)
+from shop_r1.reward.self_certainty import (
+    check_reward_config,
+    kl_to_uniform_logits,
+    kl_to_uniform_topk,
+    rationale_token_mask,
+    self_certainty,
+)
 from shop_r1.types import TokenLogprobs
 
 
@@ -71,7 +76,8 @@ def test_self_certainty_mean_over_rationale_tokens_and_normalisation():
     assert s == pytest.approx(math.log(2))
     assert self_certainty(lp, (3, 6), 9, SelfCertaintyConfig(normalize_by_vocab=True)) == pytest.approx(math.log(2) / 4)
     # Tokens 0..2: (ln 4 + ln 2 + ln 4) / 3
-    assert self_certainty(lp, (0, 9), 9, SelfCertaintyConfig()) == pytest.approx((3 * math.log(2) + 2 * math.log(2)) / 3)
+    expected = (3 * math.log(2) + 2 * math.log(2)) / 3
+    assert self_certainty(lp, (0, 9), 9, SelfCertaintyConfig()) == pytest.approx(expected)
 
 
 def test_direction_u_to_p_needs_the_exact_source():

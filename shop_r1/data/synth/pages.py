@@ -4,9 +4,9 @@ interactive elements only, no scripts or styles. Every interactive element carri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Sequence
 
 from shop_r1.data.synth.catalog import CATEGORIES, Product, slug
 

@@ -52,7 +52,8 @@ def make_intent(rng: random.Random) -> Intent:
     nouns, features, brands, (lo, hi) = CATEGORIES[category]
     return Intent(category=category, noun=rng.choice(nouns), feature=rng.choice(features),
                   brand=rng.choice(brands) if rng.random() < 0.4 else None,
-                  budget=float(round(rng.uniform(lo + 10, hi * 0.7), -1) or 20), min_rating=rng.choice((0, 3.5, 4.0, 4.3)),
+                  budget=float(round(rng.uniform(lo + 10, hi * 0.7), -1) or 20),
+                  min_rating=rng.choice((0, 3.5, 4.0, 4.3)),
                   patience=rng.randint(1, 4), buy_prob=rng.uniform(0.05, 0.5))
 
 
