@@ -10,7 +10,10 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,83 @@ def rl_examples(model: str, num: int, max_prompt_tokens: int, seed: int = 0) -> 
         sessions *= 2
 
 
+@dataclass(frozen=True)
+class BenchPrompt:
+    """A chat-templated prompt (the text both sides are given) and the action the real user took next."""
+
+    text: str
+    target: Any  # shop_r1.types.Action
+
+
+def chat_prompts(model: str, num: int, max_prompt_tokens: int, seed: int = 0) -> list[BenchPrompt]:
+    """`rl_examples`, each with the model's chat template (and generation prompt) applied once."""
+    from transformers import AutoTokenizer
+
+    from shop_r1.data.prompts import apply_chat_template
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return [BenchPrompt(apply_chat_template(tok, ex.prompt, add_generation_prompt=True), ex.target)
+            for ex in rl_examples(model, num, max_prompt_tokens, seed)]
+
+
+def fixed_length_prompts(model: str, num: int, prompt_tokens: int, seed: int = 0) -> list[BenchPrompt]:
+    """`num` chat-templated Shop-R1 prompts of `prompt_tokens` tokens each (the model's tokenizer, no special tokens
+    added), for runs where prompt length is the variable.
+
+    Made from the first `num` whole-session RL examples of the synthetic shop (no page dropped) that are at least
+    that long, each cut to length at the token level: its first tokens (the system prompt, at most half the budget)
+    and its last tokens (the current page and the generation prompt) are kept, and the middle (older pages and
+    answers) is removed. The kept ids are decoded to text; when the text re-encodes to another length (a merge across
+    the cut), the tail is lengthened or shortened by the difference, up to 5 times. The sides report the counts
+    they measured.
+    """
+    from transformers import AutoTokenizer
+
+    from shop_r1.data.examples import build_rl_examples, chat_token_counter
+    from shop_r1.data.prompts import apply_chat_template
+    from shop_r1.data.synth import synthesize_sessions
+
+    tok = AutoTokenizer.from_pretrained(model)
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    sessions = max(16, num)
+    while True:
+        built = build_rl_examples(synthesize_sessions(sessions, seed=seed), "whole_session", 10**9,
+                                  chat_token_counter(tok))
+        encoded = [(encode(apply_chat_template(tok, ex.prompt, add_generation_prompt=True)), ex)
+                   for ex in built.examples]
+        long = [(ids, ex) for ids, ex in encoded if len(ids) >= prompt_tokens][:num]
+        if len(long) == num:
+            break
+        if sessions >= 1024:
+            raise ValueError(f"only {len(long)} of {num} synthetic-shop prompts reach {prompt_tokens} tokens with "
+                             f"{model} ({sessions} sessions); ask for shorter prompts")
+        sessions *= 2
+    out = []
+    for ids, ex in long:
+        system = len(encode(apply_chat_template(tok, ex.prompt[:1], add_generation_prompt=False)))
+        head = min(system, prompt_tokens // 2)
+        tail = prompt_tokens - head
+        for _ in range(5):
+            text = tok.decode(ids[:head] + ids[len(ids) - tail:])
+            got = len(encode(text))
+            if got == prompt_tokens:
+                break
+            tail = max(1, min(len(ids) - head, tail + prompt_tokens - got))
+        out.append(BenchPrompt(text, ex.target))
+    return out
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles (statistics' inclusive method, as numpy's default) and range of `values`."""
+    if not values:
+        raise ValueError("spread of no values")
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": median, "q1": q1, "q3": q3, "min": min(values), "max": max(values), "n": len(values)}
+
+
 def machine() -> dict[str, Any]:
     """A description of this machine: the accelerator if any, else the CPU (model, cores, ISA), RAM, versions."""
     import torch
@@ -96,8 +176,8 @@ def run_child(args: list[str], timeout_s: float, env: dict[str, str] | None = No
 
     with tempfile.TemporaryDirectory(prefix="bench_child_") as tmp:
         out = Path(tmp) / "result.json"
-        proc = subprocess.run([sys.executable, *args, "--json-out", str(out)], capture_output=True, text=True,
-                              timeout=timeout_s, env={**os.environ, **(env or {})})
+        proc = subprocess.run([sys.executable, *args, "--json-out", str(out)], check=False, capture_output=True,
+                              text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"benchmark {' '.join(args)} failed (exit {proc.returncode}):\n"
                                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

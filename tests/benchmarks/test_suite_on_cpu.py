@@ -14,9 +14,9 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import bench_trl
-import common
-import run_suite
+import bench_trl  # noqa: E402
+import common  # noqa: E402
+import run_suite  # noqa: E402
 
 
 def _step(step_s: float, tokens: int, stages: dict) -> dict:
@@ -33,7 +33,7 @@ TRL = bench_trl.summarize("trl", [_step(8.0, 320, {"generate": 5.6, "reward": 0.
                                   _step(10.0, 320, {"generate": 7.0, "reward": 0.1, "rest": 2.9}),
                                   _step(6.0, 320, {"generate": 4.2, "reward": 0.06, "rest": 1.74})],
                           batch=8, setup_s=5.0, warmup_s=12.0, settings=SETTINGS_TRL)
-OURS = bench_trl.summarize("shop_r1", [_step(4.0, 256, {"rollout": 2.0, "update": 1.6, "weight_sync": 0.4}),
+OURS = bench_trl.summarize("shop_r1", [_step(4.0, 256, {"update": 1.6, "weight_sync": 0.4, "rollout": 2.0}),
                                        _step(2.0, 256, {"rollout": 1.0, "update": 0.8, "weight_sync": 0.2}),
                                        _step(3.0, 256, {"rollout": 1.5, "update": 1.2, "weight_sync": 0.3})],
                            batch=8, setup_s=30.0, warmup_s=6.0, settings=SETTINGS_OURS)
