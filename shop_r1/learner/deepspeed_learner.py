@@ -294,13 +294,19 @@ class DeepSpeedLearner:
             self._sender = WeightSender(spec, self.device, store=getattr(self, "_sync_store", None))
 
     def broadcast_weights(self, manifest: Any) -> int:
-        """Every rank must call (ZeRO-3 gathers); rank 0 sends. Returns bytes sent (0 on other ranks)."""
-        weights = self.named_weights()
-        if self.rank != 0:
-            for _ in weights:
-                pass
-            return 0
-        return self._sender.send(manifest, weights)
+        """Every rank must call: under ZeRO-3 the parameters of one bucket are gathered together (one gather per
+        bucket, not per parameter), and rank 0 copies them once into the bucket's buffer and broadcasts it before
+        they are released. Returns bytes sent (0 on other ranks)."""
+        import deepspeed
+
+        params = dict(self.engine.module.named_parameters())
+        sent = 0
+        for bucket in manifest.buckets:
+            group = [(m.name, params[m.name]) for m in bucket]
+            with deepspeed.zero.GatheredParameters([p for _, p in group], enabled=self.cfg.zero_stage == 3):
+                if self.rank == 0:
+                    sent += self._sender.send_bucket(bucket, group)
+        return sent
 
     def _hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 completion_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from shop_r1.types import Completion, Generation, SamplingSpec
 class WeightLoaderExtension:
     """Mixed into vLLM's worker (`worker_extension_cls`): the engine-side end of a weight update."""
 
-    def shop_r1_load_weights(self, tensors: list[tuple[str, Any]]) -> int:
+    def shop_r1_load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
         model = self.model_runner.get_model()
         lm_head = getattr(model, "lm_head", None)
@@ -39,7 +39,6 @@ class WeightLoaderExtension:
         if tied and method is not None and hasattr(method, "process_weights_after_loading"):
             # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with.
             method.process_weights_after_loading(lm_head)
-        return len(tensors)
 
 
 class VLLMEngine:
@@ -74,6 +73,7 @@ class VLLMEngine:
         self._decoder = getattr(self.tokenizer, "backend_tokenizer", None)
         self._vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self._version = 0
+        self._in_process = not self.on_gpu and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
         from vllm import SamplingParams
@@ -105,7 +105,13 @@ class VLLMEngine:
                           policy_version=self._version)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        tensors = [(name, t.detach().to("cpu") if not self.on_gpu else t) for name, t in named_tensors]
+        """With the in-process engine (CPU: one worker in this process) the tensors stream into vLLM's reload as
+        they arrive (a broadcast bucket at a time: no second copy of the model); a multi-process engine (GPU, or
+        tensor parallelism) needs them materialised to ship them to its workers."""
+        if self._in_process:
+            tensors: Any = ((name, t.detach()) for name, t in named_tensors)
+        else:
+            tensors = [(name, t.detach().to("cpu") if not self.on_gpu else t) for name, t in named_tensors]
         self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,))
         self.llm.reset_prefix_cache()
         self._version = version
