@@ -24,6 +24,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace):
     cfg = load_config(args.config, args.overrides)
+    if getattr(args, "verbose", False):
+        os.environ["SHOP_R1_VERBOSE"] = "1"  # also read by the Ray start-up (its own lines)
     spawns_actors = args.command in ("pipeline", "sft", "train") or getattr(args, "eval_command", "") == "run"
     if spawns_actors and not (getattr(args, "verbose", False) or os.environ.get("SHOP_R1_VERBOSE") == "1"):
         from shop_r1.distributed.actors import set_actor_log_dir

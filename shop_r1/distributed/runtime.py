@@ -44,6 +44,17 @@ def _not_set_by_job(env_vars: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env_vars.items() if k not in job_env}
 
 
+def _ray_logging_level() -> int:
+    """Ray's driver-side start-up lines ("Started a local Ray instance", the notice that token authentication is on
+    by default, as it should be) only with --verbose / SHOP_R1_VERBOSE=1."""
+    import logging
+
+    if os.environ.get("SHOP_R1_VERBOSE") == "1":
+        return logging.INFO
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    return logging.WARNING
+
+
 def start_ray(cfg: RayConfig) -> RayRuntime:
     if cfg.local_mode:
         return RayRuntime(local_mode=True, started_here=False, address="local")
@@ -58,14 +69,15 @@ def start_ray(cfg: RayConfig) -> RayRuntime:
     if address:
         # Under `ray job submit` the job's runtime env (working_dir, env_vars) is merged with ours, and Ray refuses a
         # key set by both: the job's own values win, ours only fill in what it leaves unset.
-        ray.init(address=address, runtime_env={"env_vars": _not_set_by_job(actor_env())}, log_to_driver=True)
+        ray.init(address=address, runtime_env={"env_vars": _not_set_by_job(actor_env())}, log_to_driver=True,
+                 logging_level=_ray_logging_level())
         return RayRuntime(local_mode=False, started_here=True, address=address)
     # A private cluster for this command, on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from
     # binding the external interface on this kind of machine).
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, MIN_LOCAL_CPUS), include_dashboard=False,
              _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": actor_env()}, log_to_driver=True)
+             runtime_env={"env_vars": actor_env()}, log_to_driver=True, logging_level=_ray_logging_level())
     return RayRuntime(local_mode=False, started_here=True, address="local-cluster")
 
 
