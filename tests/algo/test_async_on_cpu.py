@@ -144,3 +144,24 @@ def test_a_failed_generation_is_raised_at_the_push_with_the_state_to_keep():
     assert sync.pushed == [("push", 1)]  # step 2's weights never reached the engines
     assert stream.last_before.step == 2  # the checkpoint keeps step 2's update, and step 3's prompts come again
     stream.close()
+
+
+def test_a_lag_beyond_async_level_stops_the_run():
+    from shop_r1.checkpoint import TrainState
+    from shop_r1.config import Config
+    from shop_r1.distributed.rollouts import StepRollout
+    from shop_r1.rollout.records import PolicyVersionMismatch
+    from shop_r1.train import checked_rollout
+
+    engines = FakeEngines()
+    batch = engines.generate_scored(PROMPTS[:2], SamplingSpec(n=2, temperature=1.0, seed=3), None)  # version 0
+    cfg = Config()
+    cfg.rl.async_level = 1
+    assert checked_rollout(StepRollout(2, PROMPTS[:2], batch, 0, TrainState(1, 0, 0, {})), cfg)  # lag 1: fine
+    with pytest.raises(PolicyVersionMismatch, match="a lag of 2 steps, rl.async_level=1 allows at most 1"):
+        checked_rollout(StepRollout(3, PROMPTS[:2], batch, 0, TrainState(2, 0, 0, {})), cfg)
+    cfg.rl.async_level = 0
+    with pytest.raises(PolicyVersionMismatch, match="a lag of 1 steps"):
+        checked_rollout(StepRollout(2, PROMPTS[:2], batch, 0, TrainState(1, 0, 0, {})), cfg)
+    with pytest.raises(PolicyVersionMismatch, match="policy versions"):  # stamps other than the version pushed
+        checked_rollout(StepRollout(1, PROMPTS[:2], batch, 5, TrainState(0, 0, 0, {})), cfg)
