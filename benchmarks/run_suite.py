@@ -31,6 +31,11 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "learner": ("bench_learner.py", ["--batch", "8", "--prompt-tokens", "512", "--completion-tokens", "64"],
                 ["--batch", "4", "--prompt-tokens", "128", "--completion-tokens", "16", "--steps", "2"]),
     "weight_sync": ("bench_weight_sync.py", ["--steps", "4"], ["--steps", "2"]),
+    # One-step-off async against the synchronous loop: sync, async, sync, async; 5 timed steps of 8 per run.
+    "async": ("bench_async.py", ["--model", "tiny", "--steps", "8", "--prompts", "2", "--n", "4", "--max-new-tokens",
+                                 "40", "--prompt-tokens", "1024", "--repeats", "2"],
+              ["--model", "tiny", "--steps", "4", "--prompts", "1", "--n", "2", "--max-new-tokens", "8",
+               "--prompt-tokens", "256", "--repeats", "1"]),
     # The fair TRL races (bench_trl.py): 1 warm-up + 5 timed steps, every prompt cut to 1024 tokens.
     "trl_smollm2": ("bench_trl.py", ["--model", "smollm2", "--prompts", "2", "--n", "4", "--steps", "6",
                                      "--max-new-tokens", "48", "--prompt-tokens", "1024"], []),
@@ -75,6 +80,9 @@ def summary_rows(results: dict) -> list[tuple[str, str, str, str]]:
                      f"{r['sync_over_raw']:.1f}x the time"))
         rows.append(("GRPO step outside the 4 stages", (f"{100 * r['share_outside_stages']:.1f}% of "
                                                          f"{r['step_s']:.2f} s"), "-", "-"))
+    if r := results.get("async"):
+        rows.append(("GRPO step, one-step-off async vs sync", f"{fmt(r['async_step_s'])} s/step",
+                     f"sync {fmt(r['sync_step_s'])} s/step", f"{r['ratio_sync_over_async']:.2f}x"))
     for key, label in TRL_RACES.items():
         if r := results.get(key):
             rows.append((f"GRPO vs TRL, {label}: samples/s", f"{r['shop_r1']['samples_per_s']:.3f}",
@@ -167,6 +175,28 @@ def scaling_lines(r: dict) -> list[str]:
     return lines
 
 
+def async_lines(r: dict) -> list[str]:
+    """One-step-off async against sync: how it was run, then per repeat and side the timed steps' median [min-max]
+    of step time and samples/s, the median time per stage and the largest policy lag."""
+    how = (f"Model `{r['model']}`, {r['prompts_per_step']} prompts x G={r['n']} per step, {r['max_new_tokens']} new "
+           f"tokens, prompts of {r['prompt_tokens']:,} tokens, {r['threads']} threads for the engine and for the "
+           f"learner each; {r['timed_steps']} timed steps per run (after {r['warmup_steps']} warm-up, the last left "
+           f"out), {r['repeats']} repeat(s) run alternately. Step time sync / async: "
+           + ", ".join(f"{x:.2f}x" for x in r["ratios"]) + f" (median {r['ratio_sync_over_async']:.2f}x).")
+    lines = [how, "", "| repeat | side | s/step | samples/s | time per stage (median s) | policy lag max |",
+             "|---:|---|---:|---:|---|---:|"]
+    for i, run in enumerate(r["runs"], 1):
+        for name in ("sync", "async"):
+            side = run[name]
+            stages = ", ".join(f"{k} {fmt(v)}" for k, v in side["stage_s"].items())
+            lines.append(f"| {i} | {name} | {median_range(side['spread']['step_s'])} | "
+                         f"{median_range(side['spread']['samples_per_s'])} | {stages} | {side['policy_lag_max']:.0f} |")
+    note = ("async: `rollout` is what the step waited for rollouts, `rollout_overlapped` the generate + score time "
+            "that ran beside the update. On a few shared CPU cores the engine and the learner compete for the same "
+            "cores when overlapped, so the gain is small; the design targets rollout and training on separate GPUs.")
+    return [*lines, "", note]
+
+
 def write_summary(out: Path, info: dict, results: dict, seconds: dict[str, float], plots: list[str]) -> None:
     lines = [f"# Benchmarks on `{info['name']}`", "",
              f"{info['cpu_model']}, {info['cpu_cores']} cores ({info['cpu_isa']}), {info['ram_gib']} GiB RAM"
@@ -180,6 +210,8 @@ def write_summary(out: Path, info: dict, results: dict, seconds: dict[str, float
     for key, label in TRL_RACES.items():
         if r := results.get(key):
             lines += ["", f"### GRPO vs TRL, {label} (`{key}`)", "", *race_lines(r)]
+    if r := results.get("async"):
+        lines += ["", "### GRPO step, one-step-off async vs sync (`async`)", "", *async_lines(r)]
     if r := results.get("trl_scaling"):
         lines += ["", "### GRPO vs TRL: scaling (`trl_scaling`)", "", *scaling_lines(r)]
     lines += ["", "Wall time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + ".", ""]

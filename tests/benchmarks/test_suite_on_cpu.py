@@ -1,5 +1,6 @@
 """The benchmark suite's runner: its summary and plots from hand-made results, the pure parts of the TRL race
-(median and spread, per-side summaries, the side-by-side settings table), and a real quick run of two benchmarks
+(median and spread, per-side summaries, the side-by-side settings table) and of the async-vs-sync benchmark (timed
+steps, per-side summaries, the ratio over repeats), and a real quick run of two benchmarks
 (ROUGE-L against rouge-score, the reward pool through Ray) into a results folder."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_async  # noqa: E402
 import bench_trl  # noqa: E402
 import common  # noqa: E402
 import run_suite  # noqa: E402
@@ -42,6 +44,19 @@ SCALING_ROW = {"prompt_tokens": 512, "n": 4, "trl_prompt_tokens_per_step": 512, 
                "trl_step_s": 2.0, "shop_r1_step_s": 1.0, "trl_generated_tokens_per_s": 96.0,
                "shop_r1_generated_tokens_per_s": 192.0, "speedup": 2.0}
 AT_1024 = {"prompt_tokens": 1024, "trl_prompt_tokens_per_step": 1024, "shop_r1_prompt_tokens_per_step": 1024}
+
+
+def _grpo_row(step: int, step_s: float, lag: int, overlapped: bool) -> dict:
+    row = {"step": step, "timing/step": step_s, "timing/rollout": step_s / 2, "timing/update": step_s / 4,
+           "timing/weight_sync": 0.1, "rollout/policy_lag_max": lag}
+    return {**row, "timing/rollout_overlapped": 1.5} if overlapped else row
+
+
+# 6 steps of 8 samples each; timed: steps 3, 4, 5 (2 warm-up steps, the last drains). Sync 6, 4.5, 5 s (median 5);
+# async 3, 2, 4 s (median 3) with a 1 s last step that must not count.
+SYNC_ROWS = [_grpo_row(i, t, 0, False) for i, t in enumerate([9.0, 7.0, 6.0, 4.5, 5.0, 5.5], 1)]
+ASYNC_ROWS = [_grpo_row(i, t, min(i - 1, 1), i > 1) for i, t in enumerate([9.0, 5.0, 3.0, 2.0, 4.0, 1.0], 1)]
+SYNC, ASYNC = bench_async.summarize_side(0, SYNC_ROWS, 8), bench_async.summarize_side(1, ASYNC_ROWS, 8)
 RESULTS = {
     "rouge": {"shop_r1_pairs_per_s": 30000.0, "rouge_score_pairs_per_s": 10000.0, "speedup": 3.0},
     "reward_pool": {"direct_responses_per_s": 1000.0, "pool1_over_direct": 0.8,
@@ -52,6 +67,9 @@ RESULTS = {
                  "settings": bench_trl.settings_rows(TRL["settings"], OURS["settings"]),
                  "samples_per_s_ratio": 8.0 / 3.0, "generated_tokens_per_s_ratio": (256 / 3) / 40.0,
                  "speedup": 8.0 / 3.0, "trl": TRL, "shop_r1": OURS},
+    "async": {"model": "tiny", "steps": 6, "warmup_steps": 2, "timed_steps": 3, "prompts_per_step": 2, "n": 4,
+              "max_new_tokens": 40, "prompt_tokens": 1024, "seed": 0, "threads": 2, "repeats": 1,
+              **bench_async.compare([(SYNC, ASYNC)]), "runs": [{"sync": SYNC, "async": ASYNC}]},
     "trl_scaling": {"mode": "scaling", "model": "tiny", "prompts_per_step": 1, "max_new_tokens": 48, "threads": 2,
                     "warmup_steps": 1, "timed_steps": 2, "note": "2 timed step(s) after 1 warm-up per point",
                     "prompts": "fixed length", "fixed_n": 4, "fixed_prompt_tokens": 1024,
@@ -80,6 +98,32 @@ def test_summarize_reports_medians_spreads_and_stages():
     assert list(OURS["stage_s"]) == ["rollout", "update", "weight_sync"]  # pipeline order
     with pytest.raises(ValueError, match="no timed step"):
         bench_trl.summarize("trl", [], batch=8, setup_s=0.0, warmup_s=0.0, settings={})
+
+
+def test_async_timed_steps_skip_warmup_and_the_drain_and_count_a_rerun_once():
+    rows = [{"step": s, "timing/step": float(s)} for s in (1, 2, 3, 4, 3, 5)]  # step 3 ran again after a restart
+    assert [r["step"] for r in bench_async.timed_rows(rows)] == [3, 4]
+    assert bench_async.timed_rows(rows)[0] is rows[4]  # the last occurrence is the one kept
+    assert bench_async.timed_rows(rows[:3]) == []  # 3 steps: 2 warm-up + the last
+
+
+def test_async_side_summary_and_ratio_over_repeats():
+    assert SYNC["timed_steps"] == [3, 4, 5] and SYNC["step_s"] == 5.0 and SYNC["samples_per_s"] == 8 / 5
+    assert SYNC["spread"]["step_s"]["min"] == 4.5 and SYNC["spread"]["step_s"]["max"] == 6.0
+    assert SYNC["warmup_step_s"] == [9.0, 7.0] and SYNC["policy_lag_max"] == 0
+    assert "rollout_overlapped" not in SYNC["stage_s"]
+    # Async 3, 2, 4 s: median 3 (the 1 s drain left out); samples/s 8/3, 4, 2 -> 8/3; rollout = step / 2.
+    assert ASYNC["step_s"] == 3.0 and ASYNC["samples_per_s"] == 8 / 3 and ASYNC["policy_lag_max"] == 1
+    assert ASYNC["stage_s"] == {"rollout": 1.5, "update": 0.75, "weight_sync": 0.1, "rollout_overlapped": 1.5}
+    with pytest.raises(ValueError, match="no timed step"):
+        bench_async.summarize_side(1, ASYNC_ROWS[:3], 8)
+    # Two repeats, ratios 5/3 and 6/4 -> median 1.583; per side the median of the repeats' medians.
+    faster = {**SYNC, "step_s": 6.0, "samples_per_s": 8 / 6}, {**ASYNC, "step_s": 4.0, "samples_per_s": 2.0}
+    both = bench_async.compare([(SYNC, ASYNC), faster])
+    assert both["ratios"] == [5 / 3, 1.5] and both["ratio_sync_over_async"] == pytest.approx((5 / 3 + 1.5) / 2)
+    assert both["sync_step_s"] == 5.5 and both["async_step_s"] == 3.5 and both["async_samples_per_s"] == (8 / 3 + 2) / 2
+    with pytest.raises(ValueError):
+        bench_async.compare([])
 
 
 def test_settings_rows_compare_values_per_actor_and_without_notes():
@@ -111,6 +155,7 @@ def test_summary_rows_are_the_measured_ratios():
     assert rows["ROUGE-L (reward)"][3] == "3.00x"
     assert rows["Reward pool, 2 actors"][1:] == ("1,400 responses/s", "1 actor 800 responses/s", "1.75x")
     assert rows["GRPO vs TRL, tiny Qwen2: samples/s"][1:] == ("2.667", "TRL 1.000", "2.67x")  # medians
+    assert rows["GRPO step, one-step-off async vs sync"][1:] == ("3.00 s/step", "sync 5.00 s/step", "1.67x")
     assert "rollout" not in " ".join(rows).lower()  # only what was run
 
 
@@ -136,6 +181,9 @@ def test_summary_and_plots_are_written(tmp_path):
     # A cut that missed its length shows what each side measured.
     off = {**RESULTS["trl_scaling"], "by_n": [{**SCALING_ROW, "trl_prompt_tokens_per_step": 513.0}]}
     assert "| 512 (per step: TRL 513, shop-r1 512) | 4 |" in "\n".join(run_suite.scaling_lines(off))
+    assert "### GRPO step, one-step-off async vs sync (`async`)" in md and "(median 1.67x)" in md
+    assert ("| 1 | async | 3.00 [2.00-4.00] | 2.67 [2.00-4.00] | rollout 1.50, update 0.750, weight_sync 0.100, "
+            "rollout_overlapped 1.50 | 1 |") in md
     assert "![ratios.png](ratios.png)" in md and "![trl_scaling.png](trl_scaling.png)" in md
 
 
