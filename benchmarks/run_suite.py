@@ -31,6 +31,8 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
     "learner": ("bench_learner.py", ["--batch", "8", "--prompt-tokens", "512", "--completion-tokens", "64"],
                 ["--batch", "4", "--prompt-tokens", "128", "--completion-tokens", "16", "--steps", "2"]),
     "weight_sync": ("bench_weight_sync.py", ["--steps", "4"], ["--steps", "2"]),
+    # The same on SmolLM2-135M (540 MB of fp32 weights): the sync's cost against moving the bytes.
+    "weight_sync_smollm2": ("bench_weight_sync.py", ["--model", "smollm2", "--steps", "3"], []),
     # One-step-off async against the synchronous loop: sync, async, sync, async; 5 timed steps of 8 per run.
     "async": ("bench_async.py", ["--model", "tiny", "--steps", "8", "--prompts", "2", "--n", "4", "--max-new-tokens",
                                  "40", "--prompt-tokens", "1024", "--repeats", "2"],
@@ -49,7 +51,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
                      "--scaling-steps", "2", "--scaling-lengths", "256,512", "--scaling-groups", "2,4",
                      "--scaling-prompt-tokens", "256"]),
 }
-QUICK_SKIPS = {"trl_smollm2"}
+QUICK_SKIPS = {"trl_smollm2", "weight_sync_smollm2"}
 TIMEOUT_S = {"trl_smollm2": 4 * 3600, "trl_scaling": 2 * 3600}
 """Per benchmark, where the default hour is too short (SmolLM2 steps take minutes on 2 cores)."""
 TRL_RACES = {"trl_smollm2": "SmolLM2-135M", "trl_tiny": "tiny Qwen2"}
@@ -80,6 +82,10 @@ def summary_rows(results: dict) -> list[tuple[str, str, str, str]]:
                      f"{r['sync_over_raw']:.1f}x the time"))
         rows.append(("GRPO step outside the 4 stages", (f"{100 * r['share_outside_stages']:.1f}% of "
                                                          f"{r['step_s']:.2f} s"), "-", "-"))
+    if r := results.get("weight_sync_smollm2"):
+        rows.append(("Weight sync, SmolLM2-135M", f"{r['weight_sync_s'] * 1e3:.0f} ms "
+                     f"({r['weight_sync_gb_per_s']:.2f} GB/s)", f"raw broadcast {r['raw_broadcast_s'] * 1e3:.0f} ms "
+                     f"({r['raw_broadcast_gb_per_s']:.2f} GB/s)", f"{r['sync_over_raw']:.2f}x the time"))
     if r := results.get("async"):
         rows.append(("GRPO step, one-step-off async vs sync", f"{fmt(r['async_step_s'])} s/step",
                      f"sync {fmt(r['sync_step_s'])} s/step", f"{r['ratio_sync_over_async']:.2f}x"))
