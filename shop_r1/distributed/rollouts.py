@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shop_r1 import checkpoint
-from shop_r1.data.sampler import PromptSampler
+from shop_r1.data.sampler import Cursor, PromptSampler
 from shop_r1.distributed.engine_group import ScoredBatch
 from shop_r1.distributed.protocols import Engines, SyncStats, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
@@ -56,8 +56,10 @@ class RolloutStream:
         """The state before the prompts of the rollout last started were drawn (what a checkpoint after a failed
         rollout holds)."""
         self._next: Future | None = None
-        if pending is not None:
+        if pending is not None and async_level:
             self._next = _done(pending)
+        elif pending is not None:  # a synchronous run draws its prompts again, with the weights it resumed from
+            sampler.cursor = Cursor(pending.before.cursor_epoch, pending.before.cursor_position)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout") \
             if async_level and not local else None
 

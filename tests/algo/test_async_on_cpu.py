@@ -132,6 +132,14 @@ def test_pending_rollout_survives_a_checkpoint_and_draws_continue():
     assert engines2.calls == [(4, 2)]  # only step 4 is generated, by the weights of step 2
     assert [r3.prompts, resumed.take(4).prompts] == later
 
+    # Resumed with rl.async_level=0: the saved rollout is not used; step 3 is generated again by step 2's weights.
+    engines3 = FakeEngines()
+    engines3.weights_version = 2
+    synchronous = _stream(engines3, 0, pending=load_pending(saved), version=2,
+                          sampler=PromptSampler(len(PROMPTS), 2, seed=0, cursor=cursor))
+    r3 = synchronous.take(3)
+    assert r3.version == 2 and engines3.calls == [(3, 2)] and r3.prompts == later[0]
+
 
 def test_a_failed_generation_is_raised_at_the_push_with_the_state_to_keep():
     engines = FakeEngines(fail_at_call=2)  # step 3's rollout, made during step 2's update
