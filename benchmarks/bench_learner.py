@@ -38,7 +38,7 @@ def make_batch(args: argparse.Namespace, vocab: int, seed: int):
     t = args.prompt_tokens + args.completion_tokens
     ids = torch.randint(0, vocab, (args.batch, t), generator=g)
     for start in range(0, args.batch, args.group_size):  # a group's rows share the first row's prompt
-        ids[start:start + args.group_size, :args.prompt_tokens] = ids[start, :args.prompt_tokens]
+        ids[start:start + args.group_size, :args.prompt_tokens] = ids[start, :args.prompt_tokens].clone()
     completion = torch.zeros(args.batch, t, dtype=torch.long)
     completion[:, args.prompt_tokens:] = 1
     return GRPOBatch(ids, torch.ones(args.batch, t, dtype=torch.long), completion, torch.zeros_like(completion),
