@@ -18,7 +18,7 @@ from pathlib import Path
 from shop_r1.rollout.metrics import REWARD_TERMS
 from shop_r1.types import ACTION_TYPES
 
-STAGES = ("rollout", "reward", "update", "weight_sync", "other")
+STAGES = ("rollout", "reward", "advantages", "update", "weight_sync", "other")
 """`timing/*` keys of a GRPO step that partition `timing/step` (advantages are counted in `other`)."""
 
 

@@ -247,6 +247,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,
                       first_step=step)
     files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
+    learner_step = step  # updates the learner has applied (ahead of `step`'s log line between update and log)
     try:
         while step < cfg.rl.steps:
             step += 1
@@ -260,7 +261,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             t2 = time.perf_counter()
             # With every group dropped there is nothing to learn from: the update is skipped (and counted).
             update = learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED  # learner update
-            t3 = time.perf_counter()
+            t3, learner_step = time.perf_counter(), step
             synced = source.push(sync, step, changed=update is not SKIPPED)                # weight sync
             metrics = step_metrics(scored, rollout, update, adv, synced, engines.restarts,
                                    (t0, t1, t2, t3, time.perf_counter()), source.push_wait_s)
@@ -273,10 +274,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                 _checkpoint(cfg, ckpt_root, learners, _state_after(step, sampler), source.pending_bytes())
         learners.save_hf(str(out / "hf"))
     except EngineFailure:  # past rollout.max_engine_restarts: keep what the learner reached, then stop
-        before = source.last_before
-        if before is not None and before.step > 0 and checkpoint.latest(ckpt_root) != \
-                ckpt_root / f"step_{before.step:06d}":
-            _checkpoint(cfg, ckpt_root, learners, before, None)
+        _checkpoint_on_failure(cfg, ckpt_root, learners, source, sampler, learner_step)
         raise
     finally:
         source.close()
@@ -315,6 +313,21 @@ def _resume(ckpt_root: Path, learners: Learners, sampler: PromptSampler) -> tupl
     sampler.cursor = Cursor(state.cursor_epoch, state.cursor_position)
     print(f"resumed from {found} (step {state.step})", flush=True)
     return state.step, load_pending(checkpoint.read_extra(found, PENDING_ROLLOUT))
+
+
+def _checkpoint_on_failure(cfg: Config, ckpt_root: Path, learners: Learners, source: RolloutStream,
+                           sampler: PromptSampler, learner_step: int) -> None:
+    """The engines failed for good: checkpoint the learner's last update, labelled with its step. When the rollout in
+    flight is what failed, its prompts are drawn again on resume (the cursor before them); when the failure came
+    later (a weight push, after the update), the step's prompts are used up and the update is in the checkpoint
+    (its log line is not written)."""
+    before = source.last_before
+    if before is not None and before.step == learner_step:
+        state, pending = before, None
+    else:
+        state, pending = _state_after(learner_step, sampler), source.pending_bytes()
+    if state.step > 0 and checkpoint.latest(ckpt_root) != ckpt_root / f"step_{state.step:06d}":
+        _checkpoint(cfg, ckpt_root, learners, state, pending)
 
 
 def _state_after(step: int, sampler: PromptSampler) -> checkpoint.TrainState:

@@ -263,8 +263,9 @@ class GRPOStepStats:
     num_tokens: int
     step: int
     sampler_logprob_abs_diff_mean: float = 0.0
-    """Mean |engine logprob - learner logprob| of the sampled tokens, both at the sampling temperature, under the
-    weights that sampled them (before this update): 0 up to numerics when the engines run the learner's policy."""
+    """Mean |engine logprob - learner logprob| of the sampled tokens, both at the sampling temperature, the learner's
+    before this update: 0 up to numerics when the engines run the learner's policy (synchronous); with one-step-off
+    async (lag 1) it also holds the policy's drift over one update."""
     sampler_logprob_abs_diff_max: float = 0.0
     is_weight_mean: float = 1.0
     """With rl.async_level=1: mean truncated importance weight on the surrogate (1 when synchronous)."""

@@ -71,6 +71,10 @@ class EngineGroup:
         self.restarts = 0
         self.on_replace: Callable[[], None] | None = None
         """Called after every replacement: brings all engines to the learner's weights and version."""
+        self.defer_resync = False
+        """Set while a rollout runs beside a learner update (one-step-off async): a replacement then only marks
+        `resync_pending`, and the driver resyncs once the learner is idle (no learner call from two threads)."""
+        self.resync_pending = False
 
     def replace(self, index: int, reason: str) -> None:
         """Engine `index` is dead or hung: a fresh one takes its place (and its resources), then `on_replace`."""
@@ -88,7 +92,9 @@ class EngineGroup:
         self.engines[index] = self._make(index)
         print(f"[engines] engine {index} {reason}: replaced by a fresh engine (restart {self.restarts} of at most "
               f"{self.cfg.max_engine_restarts}); its prompts are requeued", flush=True)
-        if self.on_replace is not None:
+        if self.defer_resync:
+            self.resync_pending = True
+        elif self.on_replace is not None:
             self.on_replace()
 
     def _chunks(self, num_prompts: int) -> list[tuple[int, range]]:

@@ -5,9 +5,12 @@
     WeightSync   BroadcastSync (one process group, bucketed broadcast: gloo / NCCL), DirectSync (local mode)
 
 A second backend (FSDP learners, SGLang engines, a CUDA-IPC sync) is a new class with these methods, chosen where
-the driver builds its groups; the loop in `train.py` does not change. Per-actor seams: `shop_r1.learner.protocol.
-Learner` and `shop_r1.rollout.engine.RolloutEngine`. tests/test_protocols_on_cpu.py checks each backend against
-its protocol, parameter names included.
+the driver builds its groups; the loop in `train.py` does not change. The weight-sync transports also reach into the
+groups' actors: `BroadcastSync` calls `weight_manifest`, `open_weight_sync_store`, `init_weight_sender` and
+`broadcast_weights` on learner ranks and `init_weight_receiver` / `receive_weights` on engines (`DirectSync`:
+`named_weights`, `load_weights`), so a new learner or engine backend implements those too, or brings its own sync.
+Per-actor seams: `shop_r1.learner.protocol.Learner` and `shop_r1.rollout.engine.RolloutEngine`.
+tests/test_protocols_on_cpu.py checks each backend against its protocol, parameter names included.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class Learners(Protocol):
 class Engines(Protocol):
     restarts: int
     on_replace: Callable[[], None] | None
+    defer_resync: bool
+    resync_pending: bool
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Generation]:
         """All prompts' generations in the prompts' order."""

@@ -77,6 +77,7 @@ class RolloutStream:
                                version, before)
 
         if self._thread is not None:
+            self.engines.defer_resync = True  # the learner is busy: an engine replaced meanwhile is resynced later
             return self._thread.submit(work)
         out: Future = Future()
         try:
@@ -101,12 +102,25 @@ class RolloutStream:
         generation in flight has finished: a rollout is made by one set of weights. A failure of that generation
         is raised here (before the push); `last_before` then holds the state to checkpoint."""
         start = time.perf_counter()
-        if self._next is not None and (error := self._next.exception()) is not None:
+        error = self._next.exception() if self._next is not None else None
+        self.engines.defer_resync = False
+        if error is not None:
             self._next = None  # the learner is at `version`, unpushed: the caller's checkpoint keeps it
             raise error
         self.push_wait_s = time.perf_counter() - start if self._next is not None else 0.0
+        resynced = self.engines.resync_pending
+        if resynced:  # an engine was replaced during the overlap: it joins the sync group now, the learner idle
+            self.engines.resync_pending = False
+            if self.engines.on_replace is not None:
+                self.engines.on_replace()
         synced = sync.push(version) if changed else sync.bump(version)
         self.version = version
+        if resynced and self._next is not None:
+            # Part of the overlapped rollout came from a fresh engine that had not had the weights: make the whole
+            # rollout again, with one set of weights (those just pushed: lag 0 for that step).
+            done = self._next.result()
+            self._next = _done(StepRollout(done.step, done.prompts, self.engines.generate_scored(
+                done.prompts, self.spec_for(done.step), self.pool), version, done.before))
         return synced
 
     def pending_bytes(self) -> bytes | None:

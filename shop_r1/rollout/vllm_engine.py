@@ -109,10 +109,15 @@ class VLLMEngine:
         they arrive (a broadcast bucket at a time: no second copy of the model); a multi-process engine (GPU, or
         tensor parallelism) needs them materialised to ship them to its workers."""
         if self._in_process:
-            tensors: Any = ((name, t.detach()) for name, t in named_tensors)
+            stream = iter(named_tensors)
+            try:
+                self.llm.collective_rpc("shop_r1_load_weights", args=(((n, t.detach()) for n, t in stream),))
+            finally:
+                for _ in stream:  # a reload that stopped early still receives every bucket: the group stays in step
+                    pass
         else:
             tensors = [(name, t.detach().to("cpu") if not self.on_gpu else t) for name, t in named_tensors]
-        self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,))
+            self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,))
         self.llm.reset_prefix_cache()
         self._version = version
 

@@ -43,13 +43,21 @@ def test_behavior_weight_scales_the_surrogate_only():
 class FakeEngines:
     """generate_scored stamps the version it was told by the test (the engines' weights) and records the order."""
 
-    def __init__(self, fail_at_call: int = -1) -> None:
+    def __init__(self, fail_at_call: int = -1, replace_at_call: int = -1) -> None:
         self.weights_version, self.calls, self.fail_at_call = 0, [], fail_at_call
+        self.replace_at_call = replace_at_call
         self.lock = threading.Lock()
+        self.defer_resync, self.resync_pending, self.on_replace, self.resyncs = False, False, None, []
 
     def generate_scored(self, prompts, spec, pool):
         with self.lock:
             self.calls.append((spec.seed, self.weights_version))
+            if len(self.calls) - 1 == self.replace_at_call:  # an engine replaced mid-rollout (as EngineGroup does)
+                self.weights_version = -1  # the fresh engine has not had the learner's weights
+                if self.defer_resync:
+                    self.resync_pending = True
+                else:
+                    self.on_replace()
             if len(self.calls) - 1 == self.fail_at_call:
                 raise EngineFailure("engine 0 died (test)")
             completion = Completion((1,), f"seed {spec.seed}", (-0.1,), ((-0.1,),), (0,), "stop",
@@ -173,3 +181,64 @@ def test_a_lag_beyond_async_level_stops_the_run():
         checked_rollout(StepRollout(2, PROMPTS[:2], batch, 0, TrainState(1, 0, 0, {})), cfg)
     with pytest.raises(PolicyVersionMismatch, match="policy versions"):  # stamps other than the version pushed
         checked_rollout(StepRollout(1, PROMPTS[:2], batch, 5, TrainState(0, 0, 0, {})), cfg)
+
+
+def test_an_engine_replaced_during_the_overlap_is_resynced_after_the_update_and_the_rollout_made_again():
+    engines = FakeEngines(replace_at_call=2)  # step 3's rollout, made beside step 2's update
+    sync = FakeSync(engines)
+    engines.on_replace = lambda: engines.resyncs.append(engines.weights_version) or sync.push(sync.pushed[-1][1])
+    stream = _stream(engines, 1, local=False)
+    stream.take(1)
+    stream.push(sync, 1, changed=True)
+    stream.take(2)
+    assert engines.resyncs == []  # nothing pushed from the rollout thread while the learner worked
+    stream.push(sync, 2, changed=True)
+    assert engines.resyncs == [-1] and engines.resync_pending is False and engines.defer_resync is False
+    r3 = stream.take(3)
+    # Regenerated after the push, by one set of weights (step 2's): lag 0 for this step.
+    assert r3.version == 2 and engines.calls[-2:] == [(3, 1), (3, 2)]
+    assert {c.policy_version for s in r3.batch.scored for c in s.generation.completions} == {2}
+    stream.close()
+
+
+class FakeLearners:
+    def __init__(self) -> None:
+        self.saved = []
+
+    def save_checkpoint(self, ckpt_dir, client_state):
+        import os
+
+        os.makedirs(ckpt_dir, exist_ok=True)
+        self.saved.append(client_state["step"])
+
+
+def test_a_failure_after_the_update_checkpoints_the_learners_step(tmp_path):
+    from shop_r1 import checkpoint
+    from shop_r1.config import Config
+    from shop_r1.train import _checkpoint_on_failure
+
+    # Synchronous: step 1's rollout taken, the learner updated, then the push failed for good.
+    engines, learners = FakeEngines(), FakeLearners()
+    sampler = PromptSampler(len(PROMPTS), 2, seed=0)
+    stream = _stream(engines, 0, sampler=sampler)
+    stream.take(1)
+    _checkpoint_on_failure(Config(), tmp_path / "a", learners, stream, sampler, learner_step=1)
+    state = checkpoint.load_state(checkpoint.latest(tmp_path / "a"))
+    assert learners.saved == [1] and state.step == 1
+    assert (state.cursor_epoch, state.cursor_position) == (sampler.cursor.epoch, sampler.cursor.position)
+
+    # One-step-off: step 2's update applied, step 3's rollout (in flight) failed: step 2, cursor before step 3.
+    engines, learners = FakeEngines(fail_at_call=2), FakeLearners()
+    sampler = PromptSampler(len(PROMPTS), 2, seed=0)
+    stream, sync = _stream(engines, 1, sampler=sampler, local=False), FakeSync(engines)
+    stream.take(1)
+    stream.push(sync, 1, changed=True)
+    stream.take(2)
+    with pytest.raises(EngineFailure):
+        stream.push(sync, 2, changed=True)
+    _checkpoint_on_failure(Config(), tmp_path / "b", learners, stream, sampler, learner_step=2)
+    state = checkpoint.load_state(checkpoint.latest(tmp_path / "b"))
+    assert state.step == 2 and (state.cursor_epoch, state.cursor_position) == (
+        stream.last_before.cursor_epoch, stream.last_before.cursor_position)
+    assert not (checkpoint.latest(tmp_path / "b") / "pending_rollout.pkl").exists()
+    stream.close()
