@@ -28,8 +28,11 @@ def _config(args: argparse.Namespace):
         os.environ["SHOP_R1_VERBOSE"] = "1"  # also read by the Ray start-up (its own lines)
     spawns_actors = args.command in ("pipeline", "sft", "train") or getattr(args, "eval_command", "") == "run"
     if spawns_actors and not (getattr(args, "verbose", False) or os.environ.get("SHOP_R1_VERBOSE") == "1"):
+        from transformers.utils import logging as hf_logging
+
         from shop_r1.distributed.actors import set_actor_log_dir
 
+        hf_logging.disable_progress_bar()  # the driver's own bars too (e.g. "Writing model shards")
         logs = Path(cfg.run_dir) / "logs"
         set_actor_log_dir(logs)
         print(f"shop-r1: the actors' own output (vLLM, DeepSpeed, Ray workers) goes to {logs}/ "
