@@ -153,7 +153,8 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
     if overlapped or push_wait_s:
         metrics.update({"timing/rollout": (t1 - t0) + push_wait_s, "timing/reward": 0.0,
                         "timing/weight_sync": (t4 - t3) - push_wait_s, "timing/other": 0.0,
-                        "timing/rollout_overlapped": made.generate_s + made.reward_wait_s})
+                        # Only a rollout made beside the previous update overlapped (not step 1's, nor after resume).
+                        "timing/rollout_overlapped": made.generate_s + made.reward_wait_s if overlapped else 0.0})
     else:
         metrics.update({"timing/rollout": made.generate_s, "timing/reward": made.reward_wait_s,
                         "timing/weight_sync": t4 - t3,

@@ -10,33 +10,36 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class JsonlLine:
+class SourceRow:
+    """One record of a data source, decoded to plain dicts and lists, not yet validated (JSONL lines here; the
+    Parquet and dataset readers of shop_r1/data/sessions.py yield the same)."""
+
     where: str
-    """FILE:LINE, for error messages."""
-    lineno: int
-    """The line's number, counting from 1."""
+    """The prefix of every error about it: `FILE:LINE` for JSONL, else `SOURCE row N` (N from 0, as in `ds[N]`)."""
+    place: str
+    """`line N` / `row N`: what a later duplicate (e.g. of a session_id) points back to."""
     value: Any
     error: str | None = None
-    """Why the line is not JSON (value is None then)."""
+    """Why the record could not be decoded at all (value is None then)."""
 
 
-def read_jsonl(path: str | Path) -> Iterator[JsonlLine]:
+def read_jsonl(path: str | Path) -> Iterator[SourceRow]:
     """Every non-blank line, decoded on its own: a line that is not UTF-8 or not JSON is reported with its place
     (the lines after it still load)."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
+            where, place = f"{path}:{lineno}", f"line {lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield JsonlLine(where, lineno, None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                yield SourceRow(where, place, None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
                 continue
             if not line.strip():
                 continue
             try:
-                yield JsonlLine(where, lineno, json.loads(line))
+                yield SourceRow(where, place, json.loads(line))
             except json.JSONDecodeError as e:
-                yield JsonlLine(where, lineno, None, f"not valid JSON ({e.msg} at column {e.colno})")
+                yield SourceRow(where, place, None, f"not valid JSON ({e.msg} at column {e.colno})")
 
 
 def read_jsonl_objects(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shop_r1.data.jsonl import read_jsonl
+from shop_r1.data.jsonl import SourceRow, read_jsonl
 from shop_r1.types import Action, Session, Step
 
 SESSION_SOURCES = ("a .jsonl file (one session a line), a .parquet file, or a folder written by datasets' "
@@ -67,20 +67,7 @@ class LoadedSessions:
     bad_lines: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class SessionRow:
-    """One session as a source hands it over: decoded to plain dicts and lists, not yet validated."""
-
-    where: str
-    """The prefix of every error about it: `FILE:LINE` for JSONL, else `SOURCE row N` (N from 0, as in `ds[N]`)."""
-    place: str
-    """`line N` / `row N`: what a later duplicate of its session_id points back to."""
-    value: Any
-    error: str | None = None
-    """Why the row could not be decoded at all (value is None then)."""
-
-
-def read_session_rows(path: str | Path) -> Iterator[SessionRow]:
+def read_session_rows(path: str | Path) -> Iterator[SourceRow]:
     """The rows of any accepted source (`SESSION_SOURCES`), in order; the path alone picks the reader. A missing
     path, an unknown suffix or a folder/file that is not a dataset raises here, before any row is read."""
     p = Path(path)
@@ -90,13 +77,13 @@ def read_session_rows(path: str | Path) -> Iterator[SessionRow]:
         raise FileNotFoundError(f"{path}: no such file or folder; sessions come as {SESSION_SOURCES}")
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
-        return (SessionRow(line.where, f"line {line.lineno}", line.value, line.error) for line in read_jsonl(path))
+        return read_jsonl(path)
     if suffix == ".parquet":
         return _parquet_rows(path)
     raise ValueError(f"{path}: unknown sessions format ({suffix or 'no suffix'}); sessions come as {SESSION_SOURCES}")
 
 
-def _parquet_rows(path: str | Path) -> Iterator[SessionRow]:
+def _parquet_rows(path: str | Path) -> Iterator[SourceRow]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -112,7 +99,7 @@ def _parquet_rows(path: str | Path) -> Iterator[SessionRow]:
     return _arrow_rows(str(path), batches())
 
 
-def _saved_dataset_rows(path: str | Path) -> Iterator[SessionRow]:
+def _saved_dataset_rows(path: str | Path) -> Iterator[SourceRow]:
     from datasets import DatasetDict, load_from_disk
     from datasets import config as ds_config
 
@@ -135,13 +122,13 @@ def _saved_dataset_rows(path: str | Path) -> Iterator[SessionRow]:
     return _arrow_rows(source, data.with_format("arrow").iter(batch_size=_ARROW_BATCH_ROWS))
 
 
-def _arrow_rows(source: str, batches: Iterable[Any]) -> Iterator[SessionRow]:
+def _arrow_rows(source: str, batches: Iterable[Any]) -> Iterator[SourceRow]:
     """Rows of Arrow tables/record batches as the dicts and lists JSON decodes to. Arrow gives every row of a struct
     column all its fields, so a field a row lacks reads None, which the validation treats like an absent key."""
     index = 0
     for batch in batches:
         for value in batch.to_pylist():
-            yield SessionRow(f"{source} row {index}", f"row {index}", value)
+            yield SourceRow(f"{source} row {index}", f"row {index}", value)
             index += 1
 
 

@@ -48,7 +48,7 @@ class RolloutStream:
                  version: int, pending: StepRollout | None = None) -> None:
         """`spec_for(step)`: the sampling of a step (seeded per step); `version`: the engines' weights now."""
         self.engines, self.pool, self.sampler, self.prompts = engines, pool, sampler, prompts
-        self.spec_for, self.async_level, self.total_steps, self.local = spec_for, async_level, total_steps, local
+        self.spec_for, self.async_level, self.total_steps = spec_for, async_level, total_steps
         self.version = version
         self.push_wait_s = 0.0
         """How long the last push waited for the generation in flight."""
