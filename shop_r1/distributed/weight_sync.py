@@ -56,9 +56,9 @@ class BroadcastSync:
         receivers = [e.receive_weights.remote(self.manifest, version) for e in self.engines.engines]
         try:
             sent = get(refs + receivers, timeout_s=LEARNER_TIMEOUT_S)[0]
-        except Exception as e:  # noqa: BLE001 - an engine that died receiving is replaced, the rest re-raised
-            if not is_actor_death(e):
-                raise
+        except Exception:  # noqa: BLE001 - an engine that died receiving is replaced, the rest re-raised
+            # The first error to surface may be the sender's (gloo: "connection reset by peer") rather than the dead
+            # engine's own, so ask every receiver whether its actor died before deciding.
             dead = [i for i, ref in enumerate(receivers) if _died(ref)]
             if not dead:
                 raise
