@@ -1,7 +1,8 @@
 """Weight-sync orchestration between the learner group and the engine group (the transports are swappable).
 
 - `BroadcastSync` (Ray): learner rank 0 and every engine form a dedicated process group once; each push is one
-  bucketed broadcast (gloo on CPU, NCCL on GPU), all ranks of the learner taking part in the ZeRO-3 gather.
+  bucketed broadcast (NCCL where every party holds whole GPUs, gloo otherwise: `sync_backend`), all ranks of the
+  learner taking part in the ZeRO-3 gather.
 - `DirectSync` (local mode): one process holds both, so the tensors are handed over directly.
 After a push every engine's `policy_version` equals the version pushed. When an update was skipped (no group had a
 signal) the weights did not change: `bump` only moves the engines' version, no bytes are sent.
@@ -103,8 +104,18 @@ class DirectSync:
         return bump(self.engines, version)
 
 
-def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, on_gpu: bool
+def sync_backend(gpus_per_learner_rank: float, gpus_per_engine: float) -> str:
+    """The broadcast group's backend, from where the actors are placed (never from the driver's hardware: under
+    `ray job submit` the driver runs on the cluster's CPU-only head).
+
+    NCCL only when learner rank 0 and every engine hold whole GPUs of their own: NCCL refuses two ranks on one card
+    ("Duplicate GPU detected", seen on an H100 with fractional placement), and with fractions Ray may pack the sender
+    and an engine onto the same card. Otherwise gloo, which also broadcasts CUDA tensors (through host memory)."""
+    return "nccl" if gpus_per_learner_rank >= 1 and gpus_per_engine >= 1 else "gloo"
+
+
+def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str
                      ) -> WeightSync:
     if local:
         return DirectSync(learners, engines)
-    return BroadcastSync(learners, engines, bucket_bytes, backend="nccl" if on_gpu else "gloo")
+    return BroadcastSync(learners, engines, bucket_bytes, backend=backend)

@@ -42,7 +42,7 @@ class FakeLearner:
 def test_bump_moves_the_version_without_sending_weights():
     engines = EngineGroup("m", RolloutConfig(), 128, 0, local=True, engine_cls=FakeEngine)
     learners = LearnerGroup("m", LearnerConfig(), 1e-6, 1, 0, local=True, learner_cls=FakeLearner)
-    sync = make_weight_sync(learners, engines, 1 << 20, local=True, on_gpu=False)
+    sync = make_weight_sync(learners, engines, 1 << 20, local=True, backend="gloo")
     pushed = sync.push(1)
     assert pushed.num_bytes == 16 and engines.policy_versions() == [1]
     bumped = sync.bump(2)
