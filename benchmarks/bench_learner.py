@@ -11,8 +11,11 @@ backward) for each, and the ratio group/bare.
 With `--group-size G > 1` the rows come in groups of G sharing one prompt (as GRPO's do), and the learner group
 also runs with `learner.shared_prompt=false`: `ratio_shared_over_unshared` is what encoding each prompt once buys.
 
-Run: python benchmarks/bench_learner.py [--model tiny|smollm2|DIR] [--batch 8] [--prompt-tokens 512]
-     [--completion-tokens 64] [--steps 3] [--group-size 1]
+With `--no-ray` the learner is called in process (no Ray hop), as on a machine without Ray; on CUDA both sides run
+bf16 and the timer waits for the device.
+
+Run: python benchmarks/bench_learner.py [--model tiny|smollm2|smollm2-shaped|DIR] [--batch 8] [--prompt-tokens 512]
+     [--completion-tokens 64] [--steps 3] [--group-size 1] [--no-ray]
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ def _vocab(model: str) -> int:
 
 def bare(args: argparse.Namespace) -> dict:
     """Child process: the hand-written DeepSpeed GRPO loop."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
     import torch
+
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    import deepspeed
     from transformers import AutoModelForCausalLM
 
     from shop_r1.algo.grpo_loss import grpo_loss
@@ -111,14 +115,37 @@ def group(args: argparse.Namespace) -> dict:
     return result
 
 
+def in_process(args: argparse.Namespace) -> dict:
+    """Child process: the learner (DeepSpeedLearner) called directly, without Ray: what the group runs in each rank's
+    actor, for machines without Ray (the GPU machine) or to separate the Ray hop."""
+    from shop_r1.config import LearnerConfig, RLConfig
+    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+
+    cfg = LearnerConfig(zero_stage=args.zero_stage,
+                        max_tokens_per_micro_batch=args.batch * (args.prompt_tokens + args.completion_tokens),
+                        shared_prompt=args.shared_prompt == "on")
+    learner = DeepSpeedLearner(args.model, cfg, 1e-6, 100, reference_path=args.model)
+    rl = RLConfig()
+    return _timed(args, lambda batch: learner.grpo_step(batch, rl))
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(args: argparse.Namespace, step) -> dict:
     vocab = _vocab(args.model)
     batches = [make_batch(args, vocab, seed) for seed in range(args.warmup + args.steps)]
     for b in batches[:args.warmup]:
         step(b)
+    _sync()
     start = time.perf_counter()
     for b in batches[args.warmup:]:
         step(b)
+    _sync()
     seconds = time.perf_counter() - start
     tokens = args.steps * args.batch * (args.prompt_tokens + args.completion_tokens)
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
@@ -135,24 +162,27 @@ def main() -> None:
     parser.add_argument("--zero-stage", type=int, default=0)
     parser.add_argument("--group-size", type=int, default=1, help="rows per shared prompt")
     parser.add_argument("--shared-prompt", choices=("on", "off"), default="on", help=argparse.SUPPRESS)
-    parser.add_argument("--side", choices=("bare", "group"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--no-ray", action="store_true",
+                        help="time the learner called in process (no Ray) against the bare loop")
+    parser.add_argument("--side", choices=("bare", "group", "in_process"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
     if args.side is not None:
-        emit(bare(args) if args.side == "bare" else group(args), args.json_out)
+        emit({"bare": bare, "group": group, "in_process": in_process}[args.side](args), args.json_out)
         return
     args.model = model_dir(args.model, Path(tempfile.mkdtemp(prefix="bench_learner_")))
     common = [__file__, "--model", args.model, "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
               "--completion-tokens", str(args.completion_tokens), "--steps", str(args.steps), "--warmup",
               str(args.warmup), "--zero-stage", str(args.zero_stage), "--group-size", str(args.group_size)]
+    side = "in_process" if args.no_ray else "group"
     b = run_child([*common, "--side", "bare"], timeout_s=3600)
-    g = run_child([*common, "--side", "group"], timeout_s=3600)
+    g = run_child([*common, "--side", side], timeout_s=3600)
     out = {"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
            "completion_tokens": args.completion_tokens, "steps": args.steps, "zero_stage": args.zero_stage,
-           "group_size": args.group_size, "bare_tokens_per_s": b["tokens_per_s"],
+           "group_size": args.group_size, "learner_side": side, "bare_tokens_per_s": b["tokens_per_s"],
            "group_tokens_per_s": g["tokens_per_s"], "ratio_group_over_bare": g["tokens_per_s"] / b["tokens_per_s"]}
     if args.group_size > 1:
-        u = run_child([*common, "--side", "group", "--shared-prompt", "off"], timeout_s=3600)
+        u = run_child([*common, "--side", side, "--shared-prompt", "off"], timeout_s=3600)
         out.update(group_unshared_tokens_per_s=u["tokens_per_s"],
                    ratio_shared_over_unshared=g["tokens_per_s"] / u["tokens_per_s"])
     emit(out, args.json_out)

@@ -38,10 +38,12 @@ class PackedRows:
         """Real (non-padding) tokens in the packs: what a forward over them costs."""
         return int((self.segments >= 0).sum())
 
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """The mask as eager and SDPA attention both take it: 0 where allowed, the dtype's minimum elsewhere."""
-        mask = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
-        return mask.masked_fill_(~self.allowed, torch.finfo(dtype).min)
+    def additive_mask(self, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+        """The mask as eager and SDPA attention both take it: 0 where allowed, the dtype's minimum elsewhere. Built
+        on `device` (the bool mask travels, not the wider additive one)."""
+        allowed = self.allowed.to(device) if device is not None else self.allowed
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def prefix_lengths(completion_mask: torch.Tensor, attention_mask: torch.Tensor) -> list[int]:
@@ -89,10 +91,12 @@ def pack_shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     allowed = causal & (k >= 0) & (q >= 0) & ((k == 0) | (k == q))
     allowed |= torch.eye(width, dtype=torch.bool)  # padding queries see themselves only: no empty softmax row
-    source = torch.full((rows, width_in), -1, dtype=torch.long)
-    for b in range(rows):
-        p, base = prefixes[b], pack_of[b] * width
-        for t in range(1, lengths[b]):
-            prev = t - 1
-            source[b, t] = base + (prev if prev < p else offset[b] + prev - p)
+    # Row b's token t (1 <= t < its length) is predicted by the state of its token t - 1: in the prompt at the same
+    # index, in the completion at offset[b] + (t - 1 - p). Built with tensor ops (a per-token loop costs more than
+    # a GPU forward).
+    col = lambda xs: torch.tensor(xs, dtype=torch.long).unsqueeze(1)  # noqa: E731
+    p_b, len_b, off_b, base_b = col(prefixes), col(lengths), col(offset), col(pack_of) * width
+    prev = torch.arange(width_in, dtype=torch.long).unsqueeze(0) - 1  # [1, T]
+    source = base_b + torch.where(prev < p_b, prev, off_b + prev - p_b)
+    source = source.masked_fill((prev < 0) | (prev + 1 >= len_b), -1)
     return PackedRows(pad(seqs, 0), pad(positions, 0), allowed.unsqueeze(1), source, seg_t)

@@ -323,7 +323,7 @@ class DeepSpeedLearner:
 
             packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask))
             hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
-                                 attention_mask=packed.additive_mask(model.dtype).to(dev)).last_hidden_state
+                                 attention_mask=packed.additive_mask(model.dtype, dev)).last_hidden_state
             return hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev)
         hidden = model.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).last_hidden_state
         rows, width = input_ids.shape

@@ -21,6 +21,27 @@ def _rows(rows: list[tuple[list[int], list[int]]]):
     return ids, attn, comp
 
 
+def test_source_maps_every_row_token_to_the_state_of_its_predecessor_on_random_batches():
+    """Random groups, prompts and lengths: the packed token and position at source[b, t] are row b's token t - 1 and
+    position t - 1, for every real t >= 1, and -1 elsewhere (the map is built with tensor ops)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        prompts = [torch.randint(1, 50, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(int(torch.randint(1, 4, (1,), generator=g)))]
+        rows = [(prompts[int(torch.randint(0, len(prompts), (1,), generator=g))],
+                 torch.randint(1, 50, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist())
+                for _ in range(int(torch.randint(1, 8, (1,), generator=g)))]
+        ids, attn, comp = _rows(rows)
+        packed = pack_shared_prompts(ids, attn, [len(p) for p, _ in rows])
+        flat_ids, flat_pos = packed.input_ids.flatten(), packed.position_ids.flatten()
+        for b, (p, c) in enumerate(rows):
+            n = len(p) + len(c)
+            src = packed.source[b]
+            assert src[0] == -1 and (src[n:] == -1).all()
+            assert flat_ids[src[1:n]].tolist() == ids[b, :n - 1].tolist()
+            assert flat_pos[src[1:n]].tolist() == list(range(n - 1))
+
+
 def test_pack_lays_each_prompt_out_once_and_maps_every_row_position_back():
     ids, attn, comp = _rows([([5, 6, 7], [8, 9]), ([4], [3]), ([5, 6, 7], [10])])
     assert prefix_lengths(comp, attn) == [3, 1, 3]
