@@ -108,7 +108,7 @@ def group(args: argparse.Namespace) -> dict:
                             shared_prompt=args.shared_prompt == "on")
         learners = LearnerGroup(args.model, cfg, 1e-6, 100, 0, local=False, reference_path=args.model)
         rl = RLConfig()
-        result = _timed(args, lambda batch: learners.grpo_step(batch, rl))
+        result = _timed(args, lambda batch: learners.grpo_step(batch, rl), sync=False)  # the Ray call waits
         learners.shutdown()
     finally:
         runtime.shutdown()
@@ -136,16 +136,20 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _timed(args: argparse.Namespace, step) -> dict:
+def _timed(args: argparse.Namespace, step, sync: bool = True) -> dict:
+    """`sync`: wait for the device before reading the clock (in-process sides; the driver of the Ray group must not
+    open a CUDA context of its own next to learner rank 0)."""
     vocab = _vocab(args.model)
     batches = [make_batch(args, vocab, seed) for seed in range(args.warmup + args.steps)]
     for b in batches[:args.warmup]:
         step(b)
-    _sync()
+    if sync:
+        _sync()
     start = time.perf_counter()
     for b in batches[args.warmup:]:
         step(b)
-    _sync()
+    if sync:
+        _sync()
     seconds = time.perf_counter() - start
     tokens = args.steps * args.batch * (args.prompt_tokens + args.completion_tokens)
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}

@@ -400,6 +400,10 @@ def check_ranges(cfg: Config) -> None:
     if not bad & {"rl.global_batch_size", "rollout.group_size"} and batch % group:
         problems.append(f"rl.global_batch_size={batch} is not a multiple of rollout.group_size={group}: a rollout "
                         f"batch is P prompts x G samples (e.g. rl.global_batch_size={max(1, batch // group) * group})")
+    gpus, tp = cfg.rollout.num_gpus_per_engine, cfg.rollout.tensor_parallel_size
+    if not bad & {"rollout.num_gpus_per_engine", "rollout.tensor_parallel_size"} and gpus >= 1 and gpus != tp:
+        problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an engine "
+                        "holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
     if problems:
         raise ConfigError("\n".join(problems))
 

@@ -157,6 +157,17 @@ def test_batch_must_be_a_multiple_of_the_group():
     assert load_config(None, ["rollout.group_size=4", "rl.global_batch_size=12"]).rl.global_batch_size == 12
 
 
+def test_gpus_per_engine_must_match_tensor_parallel_size():
+    """The weight-sync backend is read from the placement (NCCL only with whole GPUs per party), so an engine's
+    GPUs must be what its tensor-parallel workers take."""
+    with pytest.raises(ConfigError, match=r"rollout\.num_gpus_per_engine=2 must equal rollout\.tensor_parallel_size=1"):
+        load_config(None, ["rollout.num_gpus_per_engine=2"])
+    assert load_config(None, ["rollout.num_gpus_per_engine=2", "rollout.tensor_parallel_size=2"]).rollout.\
+        num_gpus_per_engine == 2
+    assert load_config(None, ["rollout.num_gpus_per_engine=0.5"]).rollout.num_gpus_per_engine == 0.5  # shared card
+    assert load_config(None, []).rollout.num_gpus_per_engine == 0  # CPU
+
+
 def test_check_ranges_on_a_config_built_in_code():
     cfg = Config()
     cfg.rollout.group_size = 1

@@ -22,24 +22,36 @@ def _rows(rows: list[tuple[list[int], list[int]]]):
 
 
 def test_source_maps_every_row_token_to_the_state_of_its_predecessor_on_random_batches():
-    """Random groups, prompts and lengths: the packed token and position at source[b, t] are row b's token t - 1 and
-    position t - 1, for every real t >= 1, and -1 elsewhere (the map is built with tensor ops)."""
+    """Random groups, prompts (empty ones too), completions (empty ones too) and extra padding columns: the packed
+    token, position and segment at source[b, t] are row b's token t - 1, its position t - 1, and the prompt (for
+    t - 1 in the prompt) or row b's own completion segment, for every real t >= 1; -1 elsewhere."""
     g = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        prompts = [torch.randint(1, 50, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
-                   for _ in range(int(torch.randint(1, 4, (1,), generator=g)))]
-        rows = [(prompts[int(torch.randint(0, len(prompts), (1,), generator=g))],
-                 torch.randint(1, 50, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist())
-                for _ in range(int(torch.randint(1, 8, (1,), generator=g)))]
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    for _ in range(300):
+        prompts = [torch.randint(1, 50, (rand(0, 6),), generator=g).tolist() for _ in range(rand(1, 4))]
+        rows = [(prompts[rand(0, len(prompts))], torch.randint(1, 50, (rand(0, 5),), generator=g).tolist())
+                for _ in range(rand(1, 8))]
         ids, attn, comp = _rows(rows)
-        packed = pack_shared_prompts(ids, attn, [len(p) for p, _ in rows])
+        pad = rand(1, 4)  # at least one padding column (a batch is never 0 wide)
+        ids, attn, comp = (torch.nn.functional.pad(t, (0, pad)) for t in (ids, attn, comp))
+        prefixes = prefix_lengths(comp, attn)
+        assert prefixes == [len(p) for p, _ in rows]
+        packed = pack_shared_prompts(ids, attn, prefixes)
         flat_ids, flat_pos = packed.input_ids.flatten(), packed.position_ids.flatten()
+        flat_seg = packed.segments.flatten()
         for b, (p, c) in enumerate(rows):
             n = len(p) + len(c)
             src = packed.source[b]
-            assert src[0] == -1 and (src[n:] == -1).all()
-            assert flat_ids[src[1:n]].tolist() == ids[b, :n - 1].tolist()
+            assert src[0] == -1 and (src[max(n, 1):] == -1).all()
+            assert flat_ids[src[1:n]].tolist() == ids[b, :max(n - 1, 0)].tolist()
             assert flat_pos[src[1:n]].tolist() == list(range(n - 1))
+            segs = flat_seg[src[1:n]].tolist()
+            assert all(s == 0 for s in segs[:len(p)]) and len(set(segs[len(p):])) <= 1 and 0 not in segs[len(p):]
+        completion_segments = [int(flat_seg[packed.source[b][len(p) + 1]]) for b, (p, c) in enumerate(rows)
+                               if len(c) > 1]
+        packs = [int(packed.source[b][len(p) + 1]) // packed.input_ids.shape[1] for b, (p, c) in enumerate(rows)
+                 if len(c) > 1]
+        assert len(set(zip(packs, completion_segments))) == len(packs)  # no two rows share a completion segment
 
 
 def test_pack_lays_each_prompt_out_once_and_maps_every_row_position_back():

@@ -44,6 +44,7 @@ def _broadcast_in_threads(backend: str, sender_device: str, receiver_device: str
         return sent.result(timeout=180), manifest, tensors, got.result(timeout=180)
 
 
+@pytest.mark.timeout(300)  # a party that fails leaves the other waiting in a collective: fail, do not hang
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_bucketed_broadcast_of_cuda_tensors(backend):
     """gloo: sender and receiver on one card (fractional placement, `sync_backend`'s fallback: NCCL refuses two
