@@ -47,20 +47,15 @@ def smollm2_shaped(out: Path) -> str:
     """SmolLM2-135M's architecture (Llama: 30 layers, hidden 576, 9 heads / 3 KV heads, vocab 49,152, tied
     embeddings) with random weights and the tiny model's tokenizer: for timing the learner where the embedded GGUF
     cannot be converted (a GPU machine without the `gguf` package). Token ids stay below the tokenizer's size."""
-    import shutil
-
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from shop_r1.models.tiny import build_tiny_model
+    from shop_r1.models.tiny import default_corpus, train_tokenizer
 
-    tiny = build_tiny_model(out.parent / "tiny_tokenizer_source", seed=0)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                       tie_word_embeddings=True, rope_theta=100000.0)
     LlamaForCausalLM(cfg).save_pretrained(out)
-    for f in Path(tiny).iterdir():
-        if "token" in f.name or f.suffix == ".jinja":
-            shutil.copy(f, out / f.name)
+    train_tokenizer(default_corpus(), vocab_size=2048).save_pretrained(out)
     return str(out)
 
 
