@@ -1,6 +1,10 @@
-"""A suite's results: metrics with 95% bootstrap intervals, paired differences against SFT, the paper side by side,
-and plots of the GRPO runs (reward, action-type mix of the rollouts over training). Reads only the workspace's files,
-so it can be re-run on a finished (or half-finished) workspace: `python experiments/summarize.py SUITE`."""
+"""A suite's results: every row and the trivial baselines (always terminate, majority type, the visible rule; fitted
+on the workspace's training file, scored on its held-out examples) with 95% session-bootstrap intervals, kappa,
+per-type exact, the predicted type mix, paired differences against SFT and the best baseline, the paper side by side,
+and plots of the GRPO runs (reward, action-type mix of the rollouts over training) and of exact match vs the share of
+predicted terminates. Each row's predictions are written beside the table as `predictions/<row>.jsonl.gz`, so every
+number can be recomputed. Reads only the workspace's files, so it can be re-run on a finished (or half-finished)
+workspace: `python experiments/summarize.py SUITE`; `--plot-all` plots every row of every committed table."""
 
 from __future__ import annotations
 
@@ -13,8 +17,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shop_r1.bootstrap import bootstrap_intervals, paired_difference  # noqa: E402
-from shop_r1.metrics import compute_metrics, load_predictions_jsonl  # noqa: E402
+from shop_r1.baselines import training_file  # noqa: E402
+from shop_r1.comparison import (  # noqa: E402
+    Comparison,
+    Setting,
+    baseline_settings,
+    compare,
+    comparison_markdown,
+    plot_exact_vs_terminate,
+    plot_points,
+)
+from shop_r1.metrics import load_predictions, write_predictions  # noqa: E402
 
 MACHINE_NOTE = "2-core x86_64 CPU (AVX2), no GPU"
 
@@ -26,24 +39,38 @@ def _machine_name() -> str:
     return machine()["name"]
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.2f}"
+def _settings(ws: Path, rows: list) -> list[Setting]:
+    """The rows evaluated so far and, when the workspace has its data, the baselines on the held-out examples."""
+    settings = [Setting(r.label, "model", load_predictions(path), name=r.name) for r in rows
+                if (path := ws / "eval" / r.name / "predictions.jsonl").exists()]
+    test, train = ws / "data" / "rl_test.jsonl", training_file(ws / "data")
+    if settings and test.exists() and train is not None:
+        settings += baseline_settings(train, test)
+    return settings
 
 
-def _row_result(ws: Path, name: str, sft_preds: tuple | None) -> dict[str, Any] | None:
-    preds = ws / "eval" / name / "predictions.jsonl"
-    if not preds.exists():
-        return None
-    responses, targets = load_predictions_jsonl(preds)
-    m = compute_metrics(responses, targets)
-    out: dict[str, Any] = {"metrics": m.to_dict(),
-                           "intervals": {k: v.to_dict() for k, v in bootstrap_intervals(responses, targets).items()}}
-    if sft_preds is not None and name != "sft":
-        out["minus_sft"] = {k: v.to_dict() for k, v in paired_difference(sft_preds[0], responses, targets).items()}
-    done = ws / "rl" / name / "done.json"
+def _row_result(ws: Path, row: Any, c: Comparison) -> dict[str, Any]:
+    """results.json's entry of one row (the keys of the earlier tables kept: metrics, intervals, minus_sft)."""
+    r = c.row(row.label)
+    out: dict[str, Any] = {"metrics": r.metrics.to_dict(),
+                           "intervals": {k: v.to_dict() for k, v in r.intervals.items()}}
+    if r.vs_reference is not None:
+        out["minus_sft"] = {k: v.to_dict() for k, v in r.vs_reference.items()}
+    if r.vs_best_baseline is not None:
+        out["minus_best_baseline"] = {k: v.to_dict() for k, v in r.vs_best_baseline.items()}
+        out["best_baseline"] = c.best_baseline
+    done = ws / "rl" / row.name / "done.json"
     if done.exists():
         out["rl"] = json.loads(done.read_text())
     return out
+
+
+def _write_predictions(settings: list[Setting], out: Path) -> list[str]:
+    """predictions/<row>.jsonl.gz (example_id, response, target) for every row of the table, models and baselines,
+    on the examples of the table (the first row's, in its order)."""
+    ids = settings[0].predictions.example_ids
+    return [write_predictions(s.predictions.select(ids), out / "predictions" / f"{s.name}.jsonl.gz").name
+            for s in settings]
 
 
 def _rl_log(ws: Path, name: str) -> list[dict]:
@@ -147,27 +174,24 @@ def _temperature_plot(rows: list, results: dict[str, Any], out: Path) -> list[st
     return [_save(fig, [ax], out / "temperature.png", legend_size=8)]
 
 
-def _table(suite_name: str, rows: list, results: dict[str, Any], workspace: str) -> str:
-    head = ("| Setting | Exact match % [95% CI] | Type acc. % [95% CI] | Type macro-F1 % [95% CI] | "
-            "Exact vs SFT (paired, pp) | n | Paper: exact / type acc. / F1 % |")
+def _paper(rows: list, workspace: str) -> dict[str, str]:
+    """The paper's numbers per row label (exact / type acc. / F1 %)."""
     from experiments.run import PAPER
 
-    lines = [head, "|" + "---|" * 7]
+    out = {}
     for r in rows:
-        res = results.get(r.name)
-        paper_key = f"{workspace}/{r.name}" if workspace and f"{workspace}/{r.name}" in PAPER else r.name
-        paper = PAPER.get(paper_key)
-        paper_s = " / ".join(f"{x:.2f}" for x in paper) if paper else "-"
-        if res is None:
-            lines.append(f"| {r.label} | (not run yet) | | | | | {paper_s} |")
-            continue
-        iv = res["intervals"]
-        cell = lambda k, iv=iv: f"{_pct(iv[k]['value'])} [{_pct(iv[k]['low'])}, {_pct(iv[k]['high'])}]"  # noqa: E731
-        diff = res.get("minus_sft", {}).get("exact_match")
-        diff_s = f"{100 * diff['value']:+.2f} [{100 * diff['low']:+.2f}, {100 * diff['high']:+.2f}]" if diff else "-"
-        lines.append(f"| {r.label} | {cell('exact_match')} | {cell('type_accuracy')} | {cell('type_macro_f1')} | "
-                     f"{diff_s} | {res['metrics']['n']} | {paper_s} |")
-    return "\n".join(lines)
+        key = f"{workspace}/{r.name}" if workspace and f"{workspace}/{r.name}" in PAPER else r.name
+        if key in PAPER:
+            out[r.label] = " / ".join(f"{x:.2f}" for x in PAPER[key])
+    return out
+
+
+def _table(rows: list, c: Comparison | None, workspace: str) -> list[str]:
+    """The comparison (models, then baselines) as Markdown, the paper beside it; rows not evaluated yet listed."""
+    paper = _paper(rows, workspace)
+    done = {r.label for r in c.rows} if c is not None else set()
+    missing = [f"- {r.label}: not run yet (paper: {paper.get(r.label, '-')})" for r in rows if r.label not in done]
+    return [*(comparison_markdown(c, paper) if c is not None else []), *missing]
 
 
 def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path:
@@ -176,28 +200,31 @@ def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path
     out = results_root / _machine_name() / suite_name
     out.mkdir(parents=True, exist_ok=True)
     rows = [Row(ALIASES.get(r.name, r.name), r.label, r.rl_overrides, r.model) for r in suite.rows]
-    sft_path = ws / "eval" / "sft" / "predictions.jsonl"
-    sft_preds = load_predictions_jsonl(sft_path) if sft_path.exists() else None
-    results = {r.name: res for r in rows if (res := _row_result(ws, r.name, sft_preds)) is not None}
+    settings = _settings(ws, rows)
+    c = compare(settings, reference="SFT") if settings else None
+    results = {r.name: _row_result(ws, r, c) for r in rows if c is not None and r.label in {x.label for x in c.rows}}
     stats = json.loads((ws / "data" / "stats.json").read_text()) if (ws / "data" / "stats.json").exists() else {}
     times = json.loads((ws / "stage_seconds.json").read_text()) if (ws / "stage_seconds.json").exists() else {}
     config = (ws / "config.yaml").read_text() if (ws / "config.yaml").exists() else ""
     payload = {"suite": suite_name, "machine": MACHINE_NOTE, "rows": {r.name: r.label for r in rows},
-               "results": results, "stage_seconds": times,
+               "results": results, "comparison": c.to_dict() if c is not None else None, "stage_seconds": times,
                "data": {k: stats.get(k) for k in ("rl_train", "rl_test", "num_sft_train", "num_rl_over_budget",
                                                   "num_rl_test_over_budget")}}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     (out / "config.yaml").write_text(config)
-    table = _table(suite_name, rows, results, suite.workspace)
+    written = _write_predictions(settings, out) if settings else []
     plots = _plots(ws, rows, out)
     if suite_name == "fig2":
         plots += _temperature_plot(rows, results, out)
+    if c is not None and (p := plot_exact_vs_terminate(plot_points(suite_name, c), out / "exact_vs_terminate.png")):
+        plots.append(p.name)
     test = stats.get("rl_test") or {}
     md = [f"# {suite_name} on {MACHINE_NOTE}", "",
           f"Held-out: {test.get('num_examples', '?')} RL examples of unseen sessions "
-          f"({stats.get('num_rl_test_over_budget', '?')} dropped for length); greedy decoding. "
-          "Intervals: 95% percentile bootstrap (2,000 resamples); 'vs SFT' is the paired bootstrap of the "
-          "difference in exact match on the same examples.", "", table, "",
+          f"({stats.get('num_rl_test_over_budget', '?')} dropped for length); greedy decoding. Baselines (in italics) "
+          f"are fitted on the workspace's training split and scored on the same held-out examples.", "",
+          *_table(rows, c, suite.workspace), "",
+          f"Per-example predictions behind every row: `predictions/` ({', '.join(written) or 'none'}).", "",
           "Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]
     md += [f"![{p}]({p})" for p in plots]
     (out / "table.md").write_text("\n".join(md) + "\n")
@@ -210,16 +237,38 @@ def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path
     return out
 
 
+def plot_all(machine_dir: Path) -> Path | None:
+    """Exact match vs predicted terminates for every row of every table under `machine_dir` (each suite's
+    results.json with a `comparison`; older files without one are skipped and named)."""
+    points, skipped = [], []
+    for path in sorted(machine_dir.glob("*/results.json")):
+        comparison = json.loads(path.read_text()).get("comparison")
+        if comparison:
+            points += plot_points(path.parent.name, comparison)
+        else:
+            skipped.append(path.parent.name)
+    if skipped:
+        print(f"plot_all: no comparison (re-run summarize) in: {', '.join(skipped)}", flush=True)
+    return plot_exact_vs_terminate(points, machine_dir / "exact_vs_terminate.png",
+                                   title="Every row of every table: exact match vs predicted terminates")
+
+
 if __name__ == "__main__":
     import argparse
 
     from experiments.run import SUITES
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("suite", nargs="?", choices=sorted(SUITES))
     parser.add_argument("--root", default=str(ROOT / "runs" / "experiments"))
     parser.add_argument("--results", default=str(ROOT / "experiments" / "results"))
+    parser.add_argument("--plot-all", action="store_true", help="plot every row of every table of this machine")
     args = parser.parse_args()
-    s = SUITES[args.suite]
-    print(summarize(args.suite, s, Path(args.root) / s.workspace if s.workspace else Path(args.root),
-                    Path(args.results)))
+    if args.suite:
+        s = SUITES[args.suite]
+        print(summarize(args.suite, s, Path(args.root) / s.workspace if s.workspace else Path(args.root),
+                        Path(args.results)))
+    if args.plot_all:
+        print(plot_all(Path(args.results) / _machine_name()))
+    if not args.suite and not args.plot_all:
+        parser.error("give a suite, --plot-all, or both")

@@ -65,7 +65,7 @@ def cmd_data_synth(args: argparse.Namespace) -> None:
     from shop_r1.data.stats import session_stats
     from shop_r1.data.synth import synthesize_sessions
 
-    sessions = synthesize_sessions(args.num_sessions, args.seed)
+    sessions = synthesize_sessions(args.num_sessions, args.seed, args.version, args.noise)
     write_sessions(sessions, args.out)
     print(session_stats(sessions).render(f"wrote {len(sessions)} sessions to {args.out}"))
 
@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = data.add_parser("synth", help="generate synthetic shopping sessions (seeded, deterministic)")
     p.add_argument("--num-sessions", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--version", type=int, default=2, choices=(1, 2),
+                   help="2: profiled shoppers with a known policy (default); 1: the paper-setting shop")
+    p.add_argument("--noise", type=float, default=0.1, help="version 2: share of steps off the policy")
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=cmd_data_synth)
     p = data.add_parser("convert-opera", help="OPeRA action table (Parquet) -> sessions JSONL")

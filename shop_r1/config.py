@@ -53,6 +53,12 @@ class RewardConfig:
     """Table 4 ablation: False sets DARS to 1."""
     action_reward: Literal["hierarchical", "binary"] = "hierarchical"
     """Table 4: 'binary' gives 1.0 for an exact action match (the evaluation rule), else 0."""
+    click_guard: bool = False
+    """A click earns its ROUGE-L value term only if the predicted name is an element name on the current page and no
+    other element name there matches the predicted name better (ROUGE-L) than the target does; otherwise its value is
+    0 (action_type and attribute unchanged). Off by default: Table 1 pays any name within the ROUGE threshold, names
+    on no page and near-misses of a sibling element included (issue 21: 801 for a name not on the page). Needs each
+    prompt's `page_names` (shop_r1/reward/click_guard.py). Not applied to a `reward.fn` of your own."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
     fn: str = ""
     """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,
@@ -75,6 +81,21 @@ class DataConfig:
     """Sessions the synthetic shop generates when no `sessions_path` is given. Range: >= 1."""
     synth_seed: int = 0
     """Seed of the synthetic shop (any int)."""
+    synth_version: int = 2
+    """The synthetic shop: 2, shoppers with a profile shown in the prompt and a policy that reads only the profile,
+    the page and the session's own actions, so the next action can be known up to `synth_noise`; 1, the paper-setting
+    shop of the committed Tables 2, 4, 5 and Figure 2 (hidden intents and coin flips decide most steps).
+    Range: in [1, 2]."""
+    synth_noise: float = 0.1
+    """Version 2: the share of steps (after the first) where the shopper does something other than the policy's
+    action; an oracle reading only the prompt reaches 1 - synth_noise. Range: in [0, 1]."""
+    persona: bool = True
+    """Head every prompt of a session with what is known of its shopper (`persona`: the synthetic profile, or OPeRA's
+    persona text), as Customer-R1 does on OPeRA; false leaves it out (the paper's setting)."""
+    val_fraction: float = 0.0
+    """Share of the *training* sessions carved out as a validation split (`rl_val.jsonl`) for choosing models and
+    settings and for the GRPO stage's periodic validation; the test split is read only for the final table.
+    Range: in [0, 1)."""
     test_fraction: float = 0.1
     """Share of sessions held out for evaluation (split by session, never by step). Range: in (0, 1)."""
     context: Literal["whole_session", "latest_step"] = "whole_session"
@@ -204,6 +225,9 @@ class EvalConfig:
     """Response budget of one evaluated prediction. Range: >= 1."""
     max_examples: int = 0
     """Evaluate at most this many held-out examples (0: all). Range: >= 0."""
+    split: Literal["test", "val"] = "test"
+    """Which held-out examples the pipeline's evaluations read: `val` (needs `data.val_fraction` > 0) while choosing
+    models and settings, `test` once, for the final table."""
 
 
 @dataclass
@@ -256,7 +280,16 @@ class RLConfig:
     num_minibatches: int = 1
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches). Range: >= 1."""
     drop_zero_signal_groups: bool = False
-    """Leave out groups whose rewards are all equal (their advantages are 0 anyway)."""
+    """Leave out zero-signal groups (their advantages are 0 anyway): see self_certainty_breaks_ties."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage normalisation, A = (r - group mean) / scale: `group` divides by the group's std (GRPO, the paper),
+    `batch` by the std of all rewards of the step's batch, `none` by nothing (Dr. GRPO; advantages are then in reward
+    units, up to ~DARS = 1000 for a click, so rl.lr must be far smaller)."""
+    self_certainty_breaks_ties: bool = True
+    """True (the paper): a group is zero-signal only when its *total* rewards all tie, so alpha * s(r), which always
+    differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5
+    after group-std scaling). False: a group whose format + action_type + attribute + value all tie is zero-signal
+    (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included."""
     checkpoint_every: int = 50
     """Save a resumable checkpoint every this many steps (and at the end). Range: >= 1."""
     max_restarts: int = 2
@@ -277,6 +310,13 @@ class RLConfig:
     """With async_level=1: the per-token importance weight pi_learner / pi_sampler (both at the sampling
     temperature, before the update) on the surrogate is truncated at this value (truncated importance sampling, as
     TRL's vLLM importance-sampling correction). Range: >= 1."""
+    val_every: int = 0
+    """Every this many GRPO steps (and at the last, and as step 0 before the first update unless resuming) the
+    engines, holding the step's weights, answer the first val_examples validation prompts greedily (up to
+    rollout.max_new_tokens); `val/*` (exact, kappa, predicted-type mix) are logged with the step. Needs run_grpo's
+    `val_prompts`. 0: off. Range: >= 0."""
+    val_examples: int = 64
+    """Validation prompts scored each time (the first this many, a fixed subset). Range: >= 1."""
 
 
 @dataclass
@@ -346,7 +386,7 @@ RANGES: dict[str, Range] = {
         "rollout.num_engines", "rollout.tensor_parallel_size", "learner.num_ranks",
         "learner.max_tokens_per_micro_batch", "sft.epochs", "sft.global_batch_size", "sft.max_seq_len",
         "eval.max_new_tokens", "reward_pool.num_workers", "rl.steps", "rl.global_batch_size", "rl.num_minibatches",
-        "rl.checkpoint_every", "rl.keep_checkpoints", "rl.weight_sync_bucket_mb"), Range(1)),
+        "rl.checkpoint_every", "rl.keep_checkpoints", "rl.weight_sync_bucket_mb", "rl.val_examples"), Range(1)),
     # > 0: rates, scales, timeouts, sizes given as floats
     **dict.fromkeys((
         "reward.dars_factor", "rollout.temperature", "rollout.kv_cache_gib", "learner.grad_clip", "sft.lr",
@@ -357,9 +397,13 @@ RANGES: dict[str, Range] = {
         "data.test_max_prompt_tokens", "reward.alpha", "rollout.top_k_logprobs", "rollout.num_cpus_per_engine",
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts"),
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts",
+        "rl.val_every"),
         Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
+    "data.val_fraction": Range(0, 1, high_open=True),
+    "data.synth_noise": Range(0, 1),
+    "data.synth_version": Range(1, 2),
     "data.balance_ratio": Range(1),
     "reward.rouge_threshold": Range(0, 1),
     "reward_pool.max_failed_fraction": Range(0, 1),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shop_r1.comparison import Comparison
 from shop_r1.config import Config
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.reward_pool import RewardPool
@@ -102,27 +103,31 @@ def _write_report(scored: Sequence[ScoredGeneration], out: Path, label: str, sec
     return EvalReport(label, metrics, means, failures, str(preds_path), str(metrics_path), seconds)
 
 
-def comparison_table(reports: Sequence[EvalReport], baseline: str = "SFT") -> str:
-    """A Table 2-style comparison of evaluation runs (one row per setting), with 95% bootstrap intervals of exact
-    match and type accuracy, and the paired bootstrap difference in exact match against the `baseline` row (same
-    held-out examples; an interval above 0 means the row beats the baseline)."""
-    from shop_r1.bootstrap import bootstrap_intervals, paired_difference
-    from shop_r1.metrics import load_predictions_jsonl
+def comparison_rows(reports: Sequence[EvalReport], baseline: str = "SFT",
+                    train_examples_path: str | Path | None = None,
+                    test_examples_path: str | Path | None = None) -> Comparison:
+    """The evaluation runs (one row per report, from its predictions.jsonl) and, given the example files, the three
+    trivial baselines on the same held-out examples (`shop_r1.baselines`: fitted on `train_examples_path`, which is
+    best the SFT file `sft_train.jsonl`, holding every training step before balancing). Session-resampled intervals,
+    paired differences against the `baseline` row and against the best baseline (`shop_r1.comparison`).
+    `.to_dict()` is what results.json holds."""
+    from shop_r1.comparison import Setting, baseline_settings, compare
+    from shop_r1.metrics import load_predictions
 
-    preds = {r.label: load_predictions_jsonl(r.predictions_path) for r in reports}
-    header = (f"{'Setting':<22}{'Exact Acc. [95% CI]':>26}{'Type Acc. [95% CI]':>26}{'Type F1':>10}"
-              f"{'Exact vs ' + baseline + ' (paired)':>28}{'Reward':>10}{'n':>6}")
-    lines = [header, "-" * len(header)]
-    for r in reports:
-        m = r.metrics
-        iv = bootstrap_intervals(*preds[r.label])
-        cell = lambda k, iv=iv: f"{100 * iv[k].value:.2f}% [{100 * iv[k].low:.1f}, {100 * iv[k].high:.1f}]"  # noqa: E731
-        diff = "-"
-        if baseline in preds and r.label != baseline:
-            d = paired_difference(preds[baseline][0], preds[r.label][0], preds[r.label][1])["exact_match"]
-            diff = f"{100 * d.value:+.2f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
-        lines.append(f"{r.label:<22}{cell('exact_match'):>26}{cell('type_accuracy'):>26}"
-                     f"{100 * m.type_macro_f1:>9.2f}%{diff:>28}{r.reward_means['reward/total']:>10.3f}{m.n:>6d}")
-    lines.append("95% percentile bootstrap over the held-out examples (2,000 resamples); paired: the same resamples "
-                 "for both rows.")
-    return "\n".join(lines)
+    if (train_examples_path is None) != (test_examples_path is None):
+        raise ValueError("comparison_rows: give both train_examples_path and test_examples_path, or neither")
+    settings = [Setting(r.label, "model", load_predictions(r.predictions_path), r.reward_means.get("reward/total"),
+                        name=Path(r.predictions_path).parent.name) for r in reports]
+    if train_examples_path is not None and test_examples_path is not None:
+        settings += baseline_settings(train_examples_path, test_examples_path)
+    return compare(settings, reference=baseline)
+
+
+def comparison_table(reports: Sequence[EvalReport], baseline: str = "SFT",
+                     train_examples_path: str | Path | None = None,
+                     test_examples_path: str | Path | None = None) -> str:
+    """A Table 2-style comparison of evaluation runs (one row per setting) and, given the example files, the trivial
+    baselines: `format_comparison(comparison_rows(...))`."""
+    from shop_r1.comparison import format_comparison
+
+    return format_comparison(comparison_rows(reports, baseline, train_examples_path, test_examples_path))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shop_r1.config import Config, save_config
+from shop_r1.data.build import BuiltDatasets
 from shop_r1.storage import mirror_or_warn, mirror_run
 
 
@@ -63,7 +64,8 @@ def prepare_model(cfg: Config, run: Path | None = None) -> Path:
         out = Path(run if run is not None else cfg.run_dir) / "model" / "shop_lm"
         if not (out / "shop_r1_model.json").exists():
             # The tokenizer learns from synthetic sessions of another seed: the same shop, none of the run's data.
-            build_tiny_model(out, default_corpus(num_sessions=300, seed=cfg.data.synth_seed + 7919), seed=cfg.seed,
+            corpus = default_corpus(num_sessions=300, seed=cfg.data.synth_seed + 7919, version=cfg.data.synth_version)
+            build_tiny_model(out, corpus, seed=cfg.seed,
                              vocab_size=cfg.model.scratch_vocab_size, hidden_size=cfg.model.scratch_hidden_size,
                              num_layers=cfg.model.scratch_num_layers)
         return out
@@ -78,7 +80,8 @@ def prepare_sessions(cfg: Config, run: Path) -> Path:
     if cfg.data.sessions_path:
         print(f"  using {cfg.data.sessions_path}")
         return Path(cfg.data.sessions_path)
-    sessions = synthesize_sessions(cfg.data.synth_num_sessions, cfg.data.synth_seed)
+    sessions = synthesize_sessions(cfg.data.synth_num_sessions, cfg.data.synth_seed, cfg.data.synth_version,
+                                   cfg.data.synth_noise)
     path = run / "data" / "sessions.jsonl"
     write_sessions(sessions, path)
     print(session_stats(sessions).render(f"  synthesized -> {path}"))
@@ -96,6 +99,19 @@ def _rl_prompts(cfg: Config, model_dir: str, rl_examples_path: str) -> list:
                           max_model_len(cfg, model_dir) - cfg.rollout.max_new_tokens)
 
 
+def _val_prompts(cfg: Config, model_dir: str, built: BuiltDatasets) -> list | None:
+    """The fixed validation subset that GRPO scores every `rl.val_every` steps: `rl.val_examples` validation
+    examples drawn with the run's seed (spread over sessions, not the first sessions of the file)."""
+    import random
+
+    if not cfg.rl.val_every:
+        return None
+    if not built.rl_val_path:
+        raise ValueError("rl.val_every > 0 needs a validation split: set data.val_fraction > 0")
+    prompts = _rl_prompts(cfg, model_dir, built.rl_val_path)
+    return random.Random(cfg.seed).sample(prompts, min(cfg.rl.val_examples, len(prompts)))
+
+
 def _pad_id(model_dir: str) -> int:
     from transformers import AutoTokenizer
 
@@ -103,9 +119,10 @@ def _pad_id(model_dir: str) -> int:
 
 
 def run_pipeline(cfg: Config) -> PipelineResult:
+    from shop_r1.comparison import format_comparison
     from shop_r1.data.build import build_datasets
     from shop_r1.distributed.runtime import start_ray
-    from shop_r1.evaluate import comparison_table, evaluate
+    from shop_r1.evaluate import comparison_rows, evaluate
     from shop_r1.report import make_report
     from shop_r1.sft import run_sft
     from shop_r1.train import run_grpo
@@ -124,6 +141,19 @@ def run_pipeline(cfg: Config) -> PipelineResult:
         built = build_datasets(sessions_path, run / "data", model_dir, cfg.data, seed=cfg.seed)
         print(built.render())
 
+    eval_path = built.rl_test_path
+    if cfg.eval.split == "val":
+        if not built.rl_val_path:
+            raise ValueError("eval.split=val needs a validation split: set data.val_fraction > 0")
+        eval_path = built.rl_val_path
+        print(f"  evaluating on the validation split ({built.num_rl_val} examples), not the test split")
+    if not cfg.data.sessions_path and cfg.data.synth_version == 2 and cfg.data.persona:
+        from shop_r1.data.examples import load_rl_examples
+        from shop_r1.data.synth.policy import oracle_exact
+
+        ceiling = oracle_exact(load_rl_examples(eval_path))
+        print(f"  ceiling: the shopper policy read off the prompt is {100 * ceiling:.2f}% exact on these examples "
+              f"(data.synth_noise={cfg.data.synth_noise:g})", flush=True)
     print("starting Ray" + (" (local mode: everything in this process)" if cfg.ray.local_mode else
                             f" ({cfg.ray.address or 'a private cluster on this machine'})"), flush=True)
     runtime = start_ray(cfg.ray)
@@ -131,25 +161,30 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     reports = []
     try:
         with _stage("zero-shot eval", cfg):
-            reports.append(evaluate(cfg, str(model_dir), built.rl_test_path, run / "eval" / "zero_shot",
+            reports.append(evaluate(cfg, str(model_dir), eval_path, run / "eval" / "zero_shot",
                                     "Zero-shot prompting", local))
         with _stage("SFT", cfg):
             sft = run_sft(cfg, str(model_dir), built.sft_train_path, run / "sft", local)
             print(f"  loss {sft.first_loss:.4f} -> {sft.last_loss:.4f} over {sft.num_steps} steps")
         with _stage("SFT eval", cfg):
-            reports.append(evaluate(cfg, sft.hf_dir, built.rl_test_path, run / "eval" / "sft", "SFT", local))
+            reports.append(evaluate(cfg, sft.hf_dir, eval_path, run / "eval" / "sft", "SFT", local))
         with _stage("GRPO (Shop-R1)", cfg):
             grpo = run_grpo(cfg, sft.hf_dir, _rl_prompts(cfg, sft.hf_dir, built.rl_train_path), run / "grpo", local,
-                            pad_id=_pad_id(sft.hf_dir))
+                            pad_id=_pad_id(sft.hf_dir), val_prompts=_val_prompts(cfg, sft.hf_dir, built))
             print(f"  mean reward {grpo.first_reward:.3f} -> {grpo.last_reward:.3f} over {grpo.num_steps} steps")
         with _stage("Shop-R1 eval", cfg):
-            reports.append(evaluate(cfg, grpo.hf_dir, built.rl_test_path, run / "eval" / "shop_r1", "Shop-R1", local))
+            reports.append(evaluate(cfg, grpo.hf_dir, eval_path, run / "eval" / "shop_r1", "Shop-R1", local))
     finally:
         runtime.shutdown()
 
-    table = comparison_table(reports)
+    # The trivial baselines (always-terminate, majority type, the visible-rule table fitted on the training steps) on
+    # the same examples, with kappa, session-resampled intervals and paired differences against SFT and the best one.
+    comparison = comparison_rows(reports, baseline="SFT", train_examples_path=built.sft_train_path,
+                                 test_examples_path=eval_path)
+    table = format_comparison(comparison)
     (run / "results.md").write_text("```\n" + table + "\n```\n")
-    (run / "results.json").write_text(json.dumps({r.label: r.metrics.to_dict() for r in reports}, indent=2))
+    (run / "results.json").write_text(json.dumps(
+        {**{r.label: r.metrics.to_dict() for r in reports}, "comparison": comparison.to_dict()}, indent=2))
     print("\n" + table, flush=True)
     report = make_report(run)
     print(f"report: {report.markdown_path}", flush=True)

@@ -3,8 +3,12 @@
 Reads what the stages wrote into the run folder: `metrics_grpo.jsonl` (one record per GRPO step), `metrics_sft.jsonl`,
 and `eval/*/metrics.json`. Writes `RUN_DIR/report/report.md` and, per figure, a PNG beside it: reward terms over
 steps, the rollouts' action-type mix (a collapse onto `terminate` shows as one band filling the plot), KL, time per
-stage, and the SFT loss. A run killed mid-write may leave a torn last line: it is skipped and reported; a malformed
-line anywhere else is an error naming FILE:LINE.
+stage, and the SFT loss. Where the evaluations' `predictions.jsonl` are there too, the table is redone from them with
+the trivial baselines beside the models (`shop_r1.comparison`; baselines need `data/rl_test.jsonl` and a training
+file): session-resampled intervals, kappa, per-type exact, predicted mix, paired differences against SFT and the best
+baseline, written also as `comparison.json`, and the plot of exact match vs the share of predicted terminates.
+A run killed mid-write may leave a torn last line: it is skipped and reported; a malformed line anywhere else is an
+error naming FILE:LINE.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shop_r1.comparison import Comparison
+from shop_r1.metrics import format_mix
 from shop_r1.rollout.metrics import REWARD_TERMS
 from shop_r1.types import ACTION_TYPES
 
@@ -75,24 +81,70 @@ def _f(v: float, digits: int = 3) -> str:
 
 
 def eval_rows(run_dir: Path) -> list[dict]:
-    """`eval/*/metrics.json` in pipeline order (zero-shot, SFT, Shop-R1), then any others by name."""
+    """`eval/*/metrics.json` in pipeline order (zero-shot, SFT, Shop-R1), then any others by name; each with `dir`,
+    the name of its folder under eval/."""
     order = {"zero_shot": 0, "sft": 1, "shop_r1": 2}
     paths = sorted((run_dir / "eval").glob("*/metrics.json"), key=lambda p: (order.get(p.parent.name, 9), p))
     rows = []
     for p in paths:
         try:
-            rows.append(json.loads(p.read_text(encoding="utf-8")))
+            rows.append({**json.loads(p.read_text(encoding="utf-8")), "dir": p.parent.name})
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}: not JSON ({e.msg})") from None
     return rows
 
 
 def eval_table(rows: Sequence[dict]) -> list[str]:
-    lines = ["| Setting | Exact Acc. | Type Acc. | Type F1 | Reward | n |", "|---|---:|---:|---:|---:|---:|"]
+    """From the metrics.json files alone (no baselines, no intervals); `–` where an older file lacks a key."""
+    lines = ["| Setting | Exact Acc. | Type Acc. | Type F1 | kappa | Exact non-term. | Predicted mix c/t/x/? % | "
+             "Reward | n |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        nt = r.get("exact_match_non_terminate")
         lines.append(f"| {r.get('label', '?')} | {100 * r['exact_match']:.2f}% | {100 * r['type_accuracy']:.2f}% | "
-                     f"{100 * r['type_macro_f1']:.2f}% | {_f(r.get('reward/total', float('nan')))} | {r['n']} |")
+                     f"{100 * r['type_macro_f1']:.2f}% | {_f(r.get('type_kappa', float('nan')))} | "
+                     f"{'–' if nt is None else f'{100 * nt:.2f}%'} | "
+                     f"{format_mix(r.get('predicted_mix')).split(' ', 1)[-1].replace('-', '–')} | "
+                     f"{_f(r.get('reward/total', float('nan')))} | {r['n']} |")
     return lines
+
+
+@dataclass(frozen=True)
+class BaselineSection:
+    markdown: tuple[str, ...]
+    comparison: Comparison
+    plot: Path | None
+
+
+def baseline_section(run_dir: Path, rows: Sequence[dict], out: Path) -> BaselineSection | None:
+    """The comparison with baselines, from `eval/*/predictions.jsonl` (the rows of `eval_rows`, in their order) and
+    `data/`; None when no evaluation left its predictions."""
+    from shop_r1.baselines import training_file
+    from shop_r1.comparison import Setting, baseline_settings, compare, comparison_markdown, plot_exact_vs_terminate
+    from shop_r1.comparison import plot_points as points_of
+    from shop_r1.metrics import load_predictions
+
+    settings = []
+    for r in rows:
+        path = run_dir / "eval" / r["dir"] / "predictions.jsonl"
+        if path.exists():
+            settings.append(Setting(r.get("label", r["dir"]), "model", load_predictions(path), r.get("reward/total"),
+                                    name=r["dir"]))
+    if not settings:
+        return None
+    test, train = run_dir / "data" / "rl_test.jsonl", training_file(run_dir / "data")
+    notes = []
+    if test.exists() and train is not None:
+        settings += baseline_settings(train, test)
+        notes.append(f"Baselines fitted on `data/{train.name}`, scored on `data/rl_test.jsonl`.")
+    else:
+        notes.append("No baselines: the run folder has no data/rl_test.jsonl with a training file beside it.")
+    c = compare(settings)
+    (out / "comparison.json").write_text(json.dumps(c.to_dict(), indent=2))
+    plot = plot_exact_vs_terminate(points_of(run_dir.resolve().name, c), out / "exact_vs_terminate.png")
+    md = ["## Against the baselines", "", *notes, "", *comparison_markdown(c), ""]
+    if plot is not None:
+        md += [f"![{plot.stem}]({plot.name})", ""]
+    return BaselineSection(tuple(md), c, plot)
 
 
 def grpo_summary(log: MetricsLog) -> list[str]:
@@ -210,6 +262,10 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repor
     notes: list[str] = []
     if rows:
         md += ["## Evaluation (Table 2 style)", "", *eval_table(rows), ""]
+        section = baseline_section(run, rows, out)
+        if section is not None:
+            md += list(section.markdown)
+            plots += [section.plot] if section.plot is not None else []
     if grpo_path.exists():
         grpo = load_metrics(grpo_path)
         if grpo.torn_last_line:

@@ -20,7 +20,7 @@ from shop_r1.config import LoggingConfig
 CONSOLE_KEYS = ("sft/loss", "sft/grad_norm", "sft/lr", "reward/total", "reward/format", "reward/action_type",
                 "reward/value", "reward/self_certainty", "rollout/type_terminate", "rollout/type_invalid",
                 "train/loss", "train/kl", "train/grad_norm", "train/zero_signal_groups", "reward/num_failed",
-                "rollout/engine_restarts", "train/skipped_update")
+                "rollout/engine_restarts", "train/skipped_update", "val/exact", "val/kappa", "val/pred_terminate")
 
 
 class Tracker:

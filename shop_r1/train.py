@@ -1,7 +1,8 @@
 """`shop-r1 train`: GRPO with the Shop-R1 hybrid reward (paper Eq. 4), as a Ray actor/learner loop.
 
     prompts -> engines generate G samples each -> reward pool scores them -> group advantages
-            -> learner update (clipped surrogate + beta * KL to the frozen SFT policy) -> weight sync -> log -> ckpt
+            -> learner update (clipped surrogate + beta * KL to the frozen SFT policy) -> weight sync
+            -> (every rl.val_every steps: greedy answers to a fixed validation subset) -> log -> ckpt
 
 Backends and placement are chosen once, before the loop. `rl.global_batch_size` counts responses (P x G).
 """
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from shop_r1 import checkpoint
-from shop_r1.algo.advantages import group_advantages
+from shop_r1.algo.advantages import GroupAdvantages, group_advantages
 from shop_r1.algo.batch import build_grpo_batch
 from shop_r1.config import Config, config_to_dict
 from shop_r1.data.sampler import Cursor, PromptSampler
@@ -31,7 +32,7 @@ from shop_r1.distributed.weight_sync import make_weight_sync, sync_backend
 from shop_r1.reward.failures import check_failed_fraction, failure_counts
 from shop_r1.reward.scorer import with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn, load_score_fn
-from shop_r1.rollout.metrics import rollout_metrics
+from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
@@ -80,6 +81,20 @@ def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
     return torch.tensor([[r.total for r in s.rewards] for s in scored], dtype=torch.float64)  # [P, G]
 
 
+def _action_rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
+    """The total without alpha * s(r): format + action_type + attribute + value, summed in one order for every sample
+    so that equal terms give bit-equal sums (total - alpha * s would not)."""
+    return torch.tensor([[r.format + r.action_type + r.attribute + r.value for r in s.rewards] for s in scored],
+                        dtype=torch.float64)  # [P, G]
+
+
+def step_advantages(scored: list[ScoredGeneration], cfg: Config) -> GroupAdvantages:
+    """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
+    or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie."""
+    tie = None if cfg.rl.self_certainty_breaks_ties else _action_rewards(scored)
+    return group_advantages(_rewards(scored), scale=cfg.rl.scale_rewards, tie_rewards=tie)
+
+
 def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int
                       ) -> dict[str, float]:
     """Debug mode: the engines' logprobs on a greedy probe must equal the learner's; versions must equal the step."""
@@ -111,7 +126,7 @@ def exact_self_certainty(scored: list[ScoredGeneration], learners: Learners, cfg
 
 def update_batch(scored: list[ScoredGeneration], adv: Any, cfg: Config, temperature: float, pad_id: int) -> Any:
     """The learner's batch: every response with its advantage, minus the groups without signal when
-    `rl.drop_zero_signal_groups` (all equal rewards: zero advantages, nothing to learn)."""
+    `rl.drop_zero_signal_groups` (tied rewards: zero advantages, nothing to learn)."""
     batch = build_grpo_batch(scored, adv.advantages, pad_id, temperature)
     if not cfg.rl.drop_zero_signal_groups:
         return batch
@@ -142,6 +157,7 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
                     "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
                     "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,
                     "train/zero_signal_groups": adv.num_zero_signal_groups,
+                    "train/advantage_abs_max": float(adv.advantages.abs().max()) if adv.advantages.numel() else 0.0,
                     "train/sampler_logprob_abs_diff_mean": update.sampler_logprob_abs_diff_mean,
                     "train/sampler_logprob_abs_diff_max": update.sampler_logprob_abs_diff_max,
                     "train/is_weight_mean": update.is_weight_mean,
@@ -165,10 +181,13 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
 
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
              resume: bool = False, pad_id: int = 0, score_fn: ScoreFn | None = None,
-             engine_cls: type | None = None, learner_cls: type | None = None) -> GRPOResult:
+             engine_cls: type | None = None, learner_cls: type | None = None,
+             val_prompts: list[Prompt] | None = None) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
     `score_fn` is the reward (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
+    `val_prompts`: encoded like `prompts`, from a validation split; with rl.val_every > 0 the first
+    rl.val_examples of them are answered greedily every rl.val_every steps (`validate`).
     `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
 
     An actor the loop cannot replace (a learner rank) that dies ends the attempt; its actors are torn down and the run
@@ -178,10 +197,12 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     from shop_r1.distributed.actors import is_actor_death
 
     score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
+    check_prompts(cfg, prompts, val_prompts)
+    val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
     for attempt in range(cfg.rl.max_restarts + 1):
         try:
             return _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or attempt > 0, pad_id,
-                                     score_fn, engine_cls, learner_cls)
+                                     score_fn, engine_cls, learner_cls, val)
         except Exception as e:
             if local or not is_actor_death(e) or attempt == cfg.rl.max_restarts:
                 raise
@@ -189,6 +210,33 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
                   f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.rl.max_restarts})",
                   flush=True)
     raise AssertionError("unreachable")
+
+
+def check_prompts(cfg: Config, prompts: list[Prompt], val_prompts: list[Prompt] | None) -> None:
+    """What the settings need of the prompts, checked before any actor starts."""
+    from shop_r1.config import ConfigError
+
+    if cfg.rl.val_every and not val_prompts:
+        raise ConfigError(f"rl.val_every={cfg.rl.val_every} needs validation prompts (run_grpo's val_prompts, from "
+                          "a validation split); set rl.val_every=0 to train without periodic validation")
+    if cfg.reward.click_guard and any(p.page_names is None for p in prompts):
+        raise ConfigError("reward.click_guard=true needs each prompt's page_names (the current page's element "
+                          "names: shop_r1/reward/click_guard.py: page_element_names); these prompts have none")
+
+
+def validate(engines: Engines, prompts: list[Prompt], cfg: Config, version: int) -> dict[str, float]:
+    """`val/*` of greedy answers to the fixed validation subset, by the engines' current weights (checked: every
+    answer carries policy `version`, the weights just pushed). Nothing is in flight on the engines here (the
+    driver calls it after the push), and greedy decoding draws no random numbers, so a resumed run is unchanged."""
+    start = time.perf_counter()
+    spec = SamplingSpec(n=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=0,
+                        seed=cfg.seed)
+    gens = engines.generate([p.token_ids for p in prompts], spec)
+    seen = {c.policy_version for g in gens for c in g.completions}
+    if seen - {version}:
+        raise PolicyVersionMismatch(f"validation after step {version}: answers by policy versions {sorted(seen)}")
+    metrics = validation_metrics([g.completions[0].text for g in gens], [p.target for p in prompts])
+    return {**metrics, "val/seconds": time.perf_counter() - start}
 
 
 @dataclass
@@ -218,7 +266,7 @@ class _RunFiles:
 
 def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
                       resume: bool, pad_id: int, score_fn: ScoreFn, engine_cls: type | None,
-                      learner_cls: type | None) -> GRPOResult:
+                      learner_cls: type | None, val_prompts: list[Prompt]) -> GRPOResult:
     from shop_r1.rollout.engine import max_model_len
 
     check_sampling_config(cfg)
@@ -252,6 +300,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
     learner_step = step  # updates the learner has applied (ahead of `step`'s log line between update and log)
     try:
+        if val_prompts and step == 0:  # the SFT policy's figures; a resumed run logged its step's before stopping
+            tracker.log(0, validate(engines, val_prompts, cfg, version=0))
         while step < cfg.rl.steps:
             step += 1
             t0 = time.perf_counter()
@@ -259,7 +309,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             t1 = time.perf_counter()
             scored = checked_rollout(rollout, cfg)
             scored = exact_self_certainty(scored, learners, cfg, temperature, pad_id)      # s(r) at T = 1
-            adv = group_advantages(_rewards(scored))                                       # advantages
+            adv = step_advantages(scored, cfg)                                             # advantages
             batch = update_batch(scored, adv, cfg, temperature, pad_id)
             t2 = time.perf_counter()
             # With every group dropped there is nothing to learn from: the update is skipped (and counted).
@@ -270,6 +320,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                                    (t0, t1, t2, t3, time.perf_counter()), source.push_wait_s)
             if cfg.rl.check_weight_sync:
                 metrics.update(check_weight_sync(engines, learners, rollout.prompts[0], step, pad_id))
+            if val_prompts and (step % cfg.rl.val_every == 0 or step == cfg.rl.steps):     # validation
+                metrics.update(validate(engines, val_prompts, cfg, version=step))
             tracker.log(step, {**metrics, **threads})                                      # log
             files.write(step, rollout.prompts, scored, adv.advantages.tolist())
             rewards_seen.append(metrics["reward/total"])

@@ -63,13 +63,19 @@ class Step:
 
 @dataclass(frozen=True)
 class Session:
-    """A whole shopping session: ordered steps, the first on the home page."""
+    """A whole shopping session: ordered steps, the first on the home page. `persona` is what is known of the shopper
+    (the synthetic shop's profile, or OPeRA's persona text): with `data.persona` it heads every prompt of the
+    session."""
 
     session_id: str
     steps: tuple[Step, ...]
+    persona: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "steps": [s.to_dict() for s in self.steps]}
+        out: dict[str, Any] = {"session_id": self.session_id, "steps": [s.to_dict() for s in self.steps]}
+        if self.persona is not None:
+            out["persona"] = self.persona
+        return out
 
 
 @dataclass(frozen=True)
@@ -231,6 +237,9 @@ class Prompt:
     example_id: str
     token_ids: tuple[int, ...]  # [T_prompt]
     target: Action
+    page_names: tuple[str, ...] | None = None
+    """Element names (`name` attributes) of the page the action is taken on, for reward.click_guard
+    (shop_r1/reward/click_guard.py: page_element_names); None: not extracted."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +249,8 @@ class ScoreRequest:
     response: str
     target: Action
     logprobs: TokenLogprobs | None = None
+    page_names: tuple[str, ...] | None = None
+    """The prompt's `page_names` (reward.click_guard); None: not known."""
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ def test_cli_json_and_table(tmp_path):
     assert result["exact_match"] == pytest.approx(0.5)
     table = format_metrics_table(compute_metrics(*load_predictions_jsonl(path)), title="demo")
     assert "type_and_submit" in table and "50.00%" in table
+    # kappa 7/13 (tests/test_bootstrap_sessions_on_cpu.py works it out); mixes in %: c/t/x/? 50/17/17/17.
+    assert "kappa(type) +0.538" in table and "predicted mix c/t/x/? 50/17/17/17" in table
+    assert result["type_kappa"] == pytest.approx(7 / 13) and result["exact_match_non_terminate"] == pytest.approx(0.5)
 
 
 def test_bad_prediction_line_is_named(tmp_path):

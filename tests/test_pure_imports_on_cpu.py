@@ -12,6 +12,7 @@ def test_pure_modules_import_none_of_ray_vllm_deepspeed():
         "import shop_r1.config, shop_r1.types, shop_r1.data, shop_r1.reward, shop_r1.metrics\n"
         "import shop_r1.data.sessions, shop_r1.data.synth, shop_r1.data.examples, shop_r1.data.prompts\n"
         "import shop_r1.reward.scorer, shop_r1.reward.io\n"
+        "import shop_r1.bootstrap, shop_r1.baselines, shop_r1.comparison, shop_r1.report\n"
         f"loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
         "print(','.join(loaded))\n"
     )
@@ -25,6 +26,7 @@ def test_the_reward_data_config_and_metrics_layers_import_no_torch():
     code = ("import sys\n"
             "import shop_r1.reward, shop_r1.reward.scorer, shop_r1.reward.worker, shop_r1.reward.io\n"
             "import shop_r1.data, shop_r1.data.build, shop_r1.data.examples, shop_r1.config, shop_r1.metrics\n"
+            "import shop_r1.bootstrap, shop_r1.baselines, shop_r1.comparison\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

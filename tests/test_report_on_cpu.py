@@ -44,7 +44,9 @@ def test_report_numbers_plots_and_order(tmp_path):
     md = report.markdown_path.read_text()
     # Eval rows in pipeline order, not file-name order.
     assert md.index("Zero-shot prompting") < md.index("| SFT |") < md.index("| Shop-R1 |")
-    assert "| Shop-R1 | 50.00% | 50.00% | 40.00% | 1.250 | 8 |" in md
+    # metrics.json files of before kappa, exact on non-terminate and the predicted mix: those cells are dashes.
+    assert "| Shop-R1 | 50.00% | 50.00% | 40.00% | – | – | – | 1.250 | 8 |" in md
+    assert "## Against the baselines" not in md  # no predictions.jsonl to redo the table from
     # first / last / mean of reward/total = 1.0 / 2.0 / 1.5; terminate share 0.25 -> 0.75 (collapse visible).
     assert "| `reward/total` | 1.000 | 2.000 | 1.500 |" in md
     assert "| `rollout/type_terminate` | 0.250 | 0.750 | 0.500 |" in md
@@ -56,6 +58,17 @@ def test_report_numbers_plots_and_order(tmp_path):
     for p in report.plots:
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 2000
         assert f"]({p.name})" in md
+
+
+def test_eval_table_shows_kappa_exact_on_non_terminate_and_the_mix(tmp_path):
+    run = _run_folder(tmp_path)
+    (run / "eval" / "sft" / "metrics.json").write_text(json.dumps(
+        {"label": "SFT", "n": 8, "exact_match": 0.25, "type_accuracy": 0.5, "type_macro_f1": 0.4, "type_kappa": 0.125,
+         "exact_match_non_terminate": 0.2, "predicted_mix": {"click": 0.5, "type_and_submit": 0.125,
+                                                             "terminate": 0.25, "invalid": 0.125},
+         "reward/total": 1.0}))
+    md = make_report(run).markdown_path.read_text()
+    assert "| SFT | 25.00% | 50.00% | 40.00% | 0.125 | 20.00% | 50/12/25/12 | 1.000 | 8 |" in md
 
 
 def test_torn_last_line_is_skipped_and_noted(tmp_path):

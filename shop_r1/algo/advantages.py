@@ -1,40 +1,66 @@
-"""Group-relative advantages (GRPO, paper Eq. 4 optimised with Shao et al.'s estimator).
+"""Group-relative advantages (GRPO, paper Eq. 4 optimised with Shao et al.'s estimator), and their scaling.
 
-A_i = (r_i - mean(r_group)) / (std(r_group) + eps), std unbiased (n-1), as TRL and verl compute it.
-Computed in float64: at DARS-scale totals (~1000) float32's spacing (6e-5) is coarser than the differences the
-self-certainty term makes (alpha * s ~ 1e-3 .. 1e-5), which float32 would round away.
-A group of one sample, or one whose rewards are all equal, carries no relative signal: its advantages are 0
-(it is reported as a zero-signal group and can be dropped from the update).
+    A_i = (r_i - mean(r_group)) / scale          scale (`rl.scale_rewards`):
+        group   std(r_group) + eps               GRPO as the paper, TRL and verl compute it (the default)
+        batch   std(all rewards of the step) + eps
+        none    1                                Dr. GRPO (Liu et al. 2025): no std, advantages in reward units
+
+std is unbiased (n-1), as TRL and verl compute it. Computed in float64: at DARS-scale totals (~1000) float32's spacing
+(6e-5) is coarser than the differences the self-certainty term makes (alpha * s ~ 1e-3 .. 1e-5), which float32 would
+round away.
+
+A group of one sample, or one whose rewards all tie, carries no relative signal: its advantages are 0 (it is
+reported as a zero-signal group and can be dropped from the update). Which rewards must tie is the caller's choice
+(`tie_rewards`): the totals (the paper: self-certainty breaks ties), or the action part alone, so that alpha * s(r)
+cannot by itself decide the advantages of a group whose samples all earned the same action reward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+ScaleRewards = Literal["group", "batch", "none"]
+SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none")
 
 
 @dataclass(frozen=True)
 class GroupAdvantages:
     advantages: torch.Tensor  # [P, G] float64
-    zero_signal: torch.Tensor  # [P] bool: all rewards in the group equal (or G == 1)
+    zero_signal: torch.Tensor  # [P] bool: the group's tie rewards all equal (or G == 1)
 
     @property
     def num_zero_signal_groups(self) -> int:
         return int(self.zero_signal.sum())
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> GroupAdvantages:
-    """rewards [P, G] (total reward of each sample) -> advantages [P, G]."""
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: ScaleRewards = "group",
+                     tie_rewards: torch.Tensor | None = None) -> GroupAdvantages:
+    """rewards [P, G] (total reward of each sample) -> advantages [P, G].
+
+    `tie_rewards` [P, G] (default: `rewards`): a group whose tie rewards are all equal is zero-signal. `batch`
+    scales by the std of every reward in `rewards`, zero-signal groups included (they are part of the step's batch).
+    """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [P, G], got shape {tuple(rewards.shape)}")
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale must be one of {SCALE_REWARDS}, got {scale!r}")
+    tie = rewards if tie_rewards is None else tie_rewards
+    if tie.shape != rewards.shape:
+        raise ValueError(f"tie_rewards has shape {tuple(tie.shape)}, rewards {tuple(rewards.shape)}")
     rewards = rewards.to(torch.float64)
     num_prompts, group_size = rewards.shape
     if group_size == 1:
         return GroupAdvantages(torch.zeros_like(rewards), torch.ones(num_prompts, dtype=torch.bool))
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)  # unbiased
-    zero_signal = (rewards == rewards[:, :1]).all(dim=1)
-    adv = (rewards - mean) / (std + eps)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "group":
+        adv = centred / (rewards.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        adv = centred / (rewards.std() + eps)
+    else:
+        adv = centred
+    zero_signal = (tie == tie[:, :1]).all(dim=1)
     adv = torch.where(zero_signal.unsqueeze(1), torch.zeros_like(adv), adv)
     return GroupAdvantages(adv, zero_signal)

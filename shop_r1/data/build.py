@@ -1,11 +1,14 @@
 """`shop-r1 data build`: sessions -> held-out split -> SFT conversations + RL examples, written as JSONL.
 
-The split is by session (no step of a test session is ever trained on). Balancing (section 4.1) applies to the
-training RL examples only; the test set keeps its natural action mix, as the paper's Table A1 test split does.
+The split is by session (no step of a test session is ever trained on); `data.val_fraction` carves a validation
+split out of the training sessions, for choosing models and settings without reading the test split. Balancing
+(section 4.1) applies to the training RL examples only; the test and validation sets keep their natural action mix,
+as the paper's Table A1 test split does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,6 +47,9 @@ class BuiltDatasets:
     rl_train_before_balance: dict[str, int]
     rl_train: RLExampleStats
     rl_test: RLExampleStats
+    rl_val_path: str = ""
+    """Validation RL examples (natural action mix) from `data.val_fraction` of the training sessions; "" without."""
+    num_rl_val: int = 0
 
     def render(self) -> str:
         lines = [self.train_sessions.render("train sessions"), self.test_sessions.render("test sessions"),
@@ -52,6 +58,8 @@ class BuiltDatasets:
                  f"RL train targets before balancing: {self.rl_train_before_balance}",
                  self.rl_train.render("RL examples (train)"),
                  self.rl_test.render("RL examples (test)"),
+                 *([f"RL examples (validation, from {self.num_rl_val} of the training sessions' steps): "
+                    f"{self.rl_val_path}"] if self.rl_val_path else []),
                  f"written to {self.out_dir}"]
         if self.num_rl_over_budget:
             lines.append(f"left out {self.num_rl_over_budget} training RL examples whose current page alone exceeds "
@@ -77,13 +85,20 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
                          + (f" ({loaded.num_bad_lines} bad lines skipped)" if loaded.num_bad_lines else "")
                          + ": building train and held-out examples needs at least 2")
     split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
+    val_sessions: tuple = ()
+    if cfg.val_fraction > 0:  # carved from the training sessions only: the test split stays as it was
+        carved = split_sessions(split.train, cfg.val_fraction, seed + 1)
+        split, val_sessions = dataclasses.replace(split, train=carved.train), carved.test
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
 
     rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens,
-                                       cfg.history_rationales)
-    rl_test_build = build_rl_examples(split.test, cfg.context, cfg.test_max_prompt_tokens or cfg.max_prompt_tokens,
-                                      count_tokens, cfg.history_rationales)
-    sft = build_sft_examples(split.train) if cfg.sft_format == "session" \
+                                       cfg.history_rationales, cfg.persona)
+    test_budget = cfg.test_max_prompt_tokens or cfg.max_prompt_tokens
+    rl_test_build = build_rl_examples(split.test, cfg.context, test_budget, count_tokens, cfg.history_rationales,
+                                      cfg.persona)
+    rl_val = build_rl_examples(val_sessions, cfg.context, test_budget, count_tokens, cfg.history_rationales,
+                               cfg.persona).examples
+    sft = build_sft_examples(split.train, cfg.persona) if cfg.sft_format == "session" \
         else build_step_sft_examples(rl_train_build.examples)
     sft_train = sft.examples
     rl_train = list(rl_train_build.examples)
@@ -96,6 +111,9 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     write_examples_jsonl(sft_train, paths["sft_train"])
     write_examples_jsonl(rl_train, paths["rl_train"])
     write_examples_jsonl(rl_test, paths["rl_test"])
+    if val_sessions:
+        paths["rl_val"] = out / "rl_val.jsonl"
+        write_examples_jsonl(rl_val, paths["rl_val"])
 
     built = BuiltDatasets(
         out_dir=str(out), sft_train_path=str(paths["sft_train"]), rl_train_path=str(paths["rl_train"]),
@@ -107,6 +125,7 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
         rl_train_before_balance=rl_unbalanced,
         rl_train=rl_example_stats(rl_train, [count_tokens(e.prompt) for e in rl_train]),
         rl_test=rl_example_stats(rl_test, [count_tokens(e.prompt) for e in rl_test]),
+        rl_val_path=str(paths["rl_val"]) if val_sessions else "", num_rl_val=len(rl_val),
     )
     (out / "stats.json").write_text(json.dumps(asdict(built), indent=2))
     return built

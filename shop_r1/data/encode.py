@@ -12,9 +12,11 @@ def encode_prompts(tokenizer: Any, examples: Sequence[RLExample], max_prompt_tok
     """Render each prompt with the tokenizer's chat template (with the generation prompt) and tokenize it.
 
     A prompt longer than `max_prompt_tokens` (what the engine can take with room for the answer) is an error naming
-    the example: `data build` should have truncated it with the same tokenizer and budget.
+    the example: `data build` should have truncated it with the same tokenizer and budget. Each prompt carries the
+    element names of its current page (for `reward.click_guard`).
     """
     from shop_r1.data.prompts import apply_chat_template
+    from shop_r1.reward.click_guard import page_element_names
 
     prompts = []
     for ex in examples:
@@ -23,5 +25,6 @@ def encode_prompts(tokenizer: Any, examples: Sequence[RLExample], max_prompt_tok
         if len(ids) > max_prompt_tokens:
             raise ValueError(f"example {ex.example_id}: prompt has {len(ids)} tokens, over the {max_prompt_tokens} "
                              "the engine can take; rebuild the examples with a smaller data.max_prompt_tokens")
-        prompts.append(Prompt(example_id=ex.example_id, token_ids=tuple(ids), target=ex.target))
+        prompts.append(Prompt(example_id=ex.example_id, token_ids=tuple(ids), target=ex.target,
+                              page_names=page_element_names(ex.prompt)))
     return prompts

@@ -1,7 +1,7 @@
 """The public OPeRA dataset's action table (Parquet) -> our sessions.
 
 Columns used: session_id, action_id, timestamp, action_type (click / input / terminate), semantic_id,
-simplified_html, rationale, input_text. Mapping: click -> click(name=semantic_id); input ->
+simplified_html, rationale, input_text, and `persona` when present. Mapping: click -> click(name=semantic_id); input ->
 type_and_submit(name=semantic_id, text=input_text); terminate -> terminate. Rows are grouped by session and ordered by
 timestamp, then action_id. OPeRA also logs action types the paper's action space does not have (e.g. scroll); those
 rows are skipped and counted per type, never silently. A row missing a value its action needs is an error naming the
@@ -19,6 +19,10 @@ from shop_r1.types import Action, Session, Step
 
 REQUIRED_COLUMNS = ("session_id", "action_id", "timestamp", "action_type", "semantic_id", "simplified_html",
                     "rationale", "input_text")
+OPTIONAL_COLUMNS = ("persona",)
+"""Read when present: the shopper's persona text (OPeRA's persona survey, joined per session), carried to
+`Session.persona` so that prompts can be persona-conditioned as in Customer-R1 (the first non-empty value of a
+session)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ def convert_opera(parquet_path: str | Path) -> ConvertedOpera:
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"{parquet_path}: missing OPeRA columns {missing} (has {table.column_names})")
-    rows = table.select(list(REQUIRED_COLUMNS)).to_pylist()
+    optional = [c for c in OPTIONAL_COLUMNS if c in table.column_names]
+    rows = table.select(list(REQUIRED_COLUMNS) + optional).to_pylist()
     by_session: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_session.setdefault(str(row["session_id"]), []).append(row)
@@ -81,5 +86,7 @@ def convert_opera(parquet_path: str | Path) -> ConvertedOpera:
                 continue
             steps.append(step)
         if steps:
-            sessions.append(Session(session_id, tuple(steps)))
+            personas = [r["persona"] for r in session_rows
+                        if isinstance(r.get("persona"), str) and r["persona"].strip()]
+            sessions.append(Session(session_id, tuple(steps), personas[0].strip() if personas else None))
     return ConvertedOpera(tuple(sessions), sum(skipped.values()), dict(skipped))

@@ -35,6 +35,14 @@ Answer with exactly one JSON object and nothing else: no prose, no code fence.
 {"rationale": "<one first-person sentence>", "action": {"type": "...", ...}}"""
 
 
+PERSONA_HEADER = "## The shopper"
+
+
+def system_prompt(persona: str | None = None) -> str:
+    """The system turn: the instructions, then what is known of this shopper when the session has a persona."""
+    return SYSTEM_PROMPT if not persona else f"{SYSTEM_PROMPT}\n\n{PERSONA_HEADER}\n{persona}"
+
+
 def render_observation(html: str, step_index: int) -> str:
     """The user turn for a page the shopper saw (step_index counts from 0)."""
     return f"Page {step_index + 1} (simplified HTML):\n{html}"

@@ -346,7 +346,7 @@ def _fill(sessions: tuple[Session, ...], todo: list[int], client: _ChatClient, c
                 filled += 1
                 left[i] -= 1
                 if not left[i]:
-                    finish(i, Session(sessions[i].session_id, tuple(steps.pop(i))))
+                    finish(i, Session(sessions[i].session_id, tuple(steps.pop(i)), sessions[i].persona))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # on Ctrl-C: drop queued requests, let running ones end
     return _FillResult(filled, failures)

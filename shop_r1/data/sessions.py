@@ -1,6 +1,7 @@
 """The session schema, the sources it is read from, and validation that names the source, row and field.
 
-    {"session_id": str, "steps": [{"observation": str (simplified HTML), "action": {...}, "rationale": str|null}]}
+    {"session_id": str, "steps": [{"observation": str (simplified HTML), "action": {...}, "rationale": str|null}],
+     "persona": str (optional: what is known of the shopper)}
 
 Sessions come as JSONL (one session a line), a Parquet file, or a folder written by `datasets`' `save_to_disk`;
 every source hands over the same plain dicts, so all go through the one validation below. `load_sessions` stops
@@ -57,7 +58,11 @@ def session_from_dict(obj: Any, where: str) -> Session:
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps:
         raise SessionFormatError(f"{where}: steps: expected a non-empty list")
-    return Session(session_id, tuple(_step_from_dict(s, f"{where}: steps[{i}]") for i, s in enumerate(steps)))
+    persona = obj.get("persona")
+    if persona is not None and not isinstance(persona, str):
+        raise SessionFormatError(f"{where}: persona: expected a string or null")
+    return Session(session_id, tuple(_step_from_dict(s, f"{where}: steps[{i}]") for i, s in enumerate(steps)),
+                   persona)
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,8 @@ class EngineGroup:
         tickets = []
 
         def score(gens: list[Generation]) -> None:
-            requests = [ScoreRequest(c.text, prompts[g.prompt_index].target, c.token_logprobs(g.vocab_size))
+            requests = [ScoreRequest(c.text, prompts[g.prompt_index].target, c.token_logprobs(g.vocab_size),
+                                     prompts[g.prompt_index].page_names)
                         for g in gens for c in g.completions]
             tickets.append((gens, pool.submit(requests)))
 

@@ -6,14 +6,18 @@
 
 A value term counts only when its ROUGE-L >= the threshold (0.75 in the paper). A wrong type earns nothing here.
 "Non-empty" is judged after stripping whitespace, so a blank name earns no attribute reward.
+With `reward.click_guard` (off by default, not in the paper) a click's value also needs the predicted name to be the
+page's best match for the target's element (shop_r1/reward/click_guard.py); otherwise it is 0.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shop_r1.config import RewardConfig
+from shop_r1.reward.click_guard import click_value_allowed
 from shop_r1.reward.rouge import rouge_l
 from shop_r1.types import Action
 
@@ -63,8 +67,12 @@ def _thresholded(score: float, threshold: float) -> float:
     return score if score >= threshold - THRESHOLD_SLACK else 0.0
 
 
-def action_reward(pred: Action, target: Action, cfg: RewardConfig) -> ActionReward:
-    """Table 1 (hierarchical), or the Table 4 `binary` ablation: 1.0 for an exact match in the action_type slot."""
+def action_reward(pred: Action, target: Action, cfg: RewardConfig,
+                  page_names: Sequence[str] | None = None) -> ActionReward:
+    """Table 1 (hierarchical), or the Table 4 `binary` ablation: 1.0 for an exact match in the action_type slot.
+
+    `page_names`: the element names of the current page, read only by `reward.click_guard` (which raises without
+    them: a guard that cannot see the page must not silently pass or fail every click)."""
     if cfg.action_reward == "binary":
         return ActionReward(action_type=BINARY_MATCH_REWARD if exact_match(pred, target) else 0.0)
     if pred.type != target.type:
@@ -73,6 +81,12 @@ def action_reward(pred: Action, target: Action, cfg: RewardConfig) -> ActionRewa
     if target.type == "click":
         attribute = CLICK_NAME_ATTRIBUTE if pred.name.strip() else 0.0
         value = dars * _thresholded(rouge_l(pred.name, target.name), cfg.rouge_threshold)
+        if cfg.click_guard:
+            if page_names is None:
+                raise ValueError("reward.click_guard needs the page's element names (Prompt.page_names, "
+                                 "shop_r1/reward/click_guard.py: page_element_names)")
+            if value and not click_value_allowed(pred.name, target.name, page_names):
+                value = 0.0
         return ActionReward(ACTION_TYPE_REWARD, attribute, value)
     if target.type == "type_and_submit":
         attribute = (TYPE_NAME_ATTRIBUTE if pred.name.strip() else 0.0) + \

@@ -1,8 +1,9 @@
 """`shop-r1 reward score`: score a JSONL file of responses.
 
 Input line: {"response": str, "target": {action}, "logprobs": {"token_offsets": [...], "topk_logprobs": [[...]],
-"vocab_size": V}?}. Output line: the input object plus "reward": {format, action_type, attribute, value,
-self_certainty, total}. A malformed input line stops the run with FILE:LINE and the problem (nothing is skipped).
+"vocab_size": V}?, "page_names": [str]?} (page_names: the page's element names, needed with reward.click_guard).
+Output line: the input object plus "reward": {format, action_type, attribute, value, self_certainty, total}.
+A malformed input line stops the run with FILE:LINE and the problem (nothing is skipped).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def _logprobs_from(obj: Any, where: str) -> TokenLogprobs | None:
     return TokenLogprobs(offsets, rows, vocab)
 
 
+def _page_names_from(obj: Any, where: str, cfg: RewardConfig) -> tuple[str, ...] | None:
+    if obj is None:
+        if cfg.click_guard:
+            raise ValueError(f"{where}: page_names: reward.click_guard needs the page's element names "
+                             "(a list of strings) on every line")
+        return None
+    if not isinstance(obj, list) or not all(isinstance(n, str) for n in obj):
+        raise ValueError(f"{where}: page_names: expected a list of strings")
+    return tuple(obj)
+
+
 def score_jsonl(input_path: str | Path, output_path: str | Path, cfg: RewardConfig) -> int:
     """Score every line; the output is written aside and renamed, so a failed run leaves no half file."""
     check_reward_config(cfg)
@@ -58,7 +70,8 @@ def _score_lines(input_path: str | Path, tmp: Path, cfg: RewardConfig) -> int:
             if not isinstance(obj.get("response"), str):
                 raise ValueError(f"{where}: response: expected a string field 'response'")
             target = Action.from_dict(obj.get("target"), where=f"{where}: target")
-            reward = score_response(obj["response"], target, cfg, _logprobs_from(obj.get("logprobs"), where))
+            reward = score_response(obj["response"], target, cfg, _logprobs_from(obj.get("logprobs"), where),
+                                    _page_names_from(obj.get("page_names"), where, cfg))
             obj["reward"] = reward.to_dict()
             dst.write(json.dumps(obj, ensure_ascii=False) + "\n")
             n += 1

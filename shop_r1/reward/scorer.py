@@ -4,7 +4,8 @@
 
 - format: 0.5 for a format-valid response (0 under the `format_reward=false` ablation; valid responses still earn
   the rest). A format-invalid response scores 0 in every term.
-- action_type / attribute / value: `action_reward` (hierarchical, or binary under the ablation).
+- action_type / attribute / value: `action_reward` (hierarchical, or binary under the ablation; a click's value
+  checked against the page's element names under `reward.click_guard`).
 - self_certainty: s(r) from the engine's top-k logprobs, reported whenever logprobs are given; it enters the total
   only when `rationale_reward` is on. Without logprobs it is 0. (With `source=learner_logits` the learner computes
   s(r) exactly and re-forms the total; see the GRPO loop.)
@@ -34,11 +35,13 @@ def combine(fmt: float, action_type: float, attribute: float, value: float, s: f
 
 
 def score_response(response: str, target: Action, cfg: RewardConfig,
-                   logprobs: TokenLogprobs | None = None) -> RewardBreakdown:
+                   logprobs: TokenLogprobs | None = None,
+                   page_names: Sequence[str] | None = None) -> RewardBreakdown:
+    """`page_names`: the current page's element names, needed by `reward.click_guard` only."""
     parsed = parse_response(response)
     if parsed is None:
         return RewardBreakdown(format_valid=False)
-    act = action_reward(parsed.action, target, cfg)
+    act = action_reward(parsed.action, target, cfg, page_names)
     s = 0.0
     if logprobs is not None and cfg.self_certainty.source == "topk_logprobs":
         s = self_certainty(logprobs, parsed.rationale_span, len(response), cfg.self_certainty)

@@ -43,11 +43,17 @@ class RewardWorker:
         out = []
         for req in requests:
             try:
-                out.append(with_parse(self._score_fn(req.response, req.target, self._cfg, req.logprobs),
-                                      req.response, self._score_fn))
+                out.append(with_parse(self._score_one(req), req.response, self._score_fn))
             except Exception as e:  # noqa: BLE001 - one bad response must not kill the batch; it is flagged
                 out.append(fallback_reward(f"{type(e).__name__}: {e}"))
         return out
+
+    def _score_one(self, req: ScoreRequest) -> RewardBreakdown:
+        """The Shop-R1 scorer also gets the page's element names (reward.click_guard); a plug-in reward keeps the
+        documented four-argument call."""
+        if self._score_fn is score_response:
+            return score_response(req.response, req.target, self._cfg, req.logprobs, req.page_names)
+        return self._score_fn(req.response, req.target, self._cfg, req.logprobs)
 
     def ping(self) -> bool:
         return True

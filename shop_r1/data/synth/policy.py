@@ -1,0 +1,208 @@
+"""The version-2 shopper's policy: the next action as a function of the profile, the page on screen and the session's
+own earlier actions, nothing hidden. The generator and the oracle both call `decide`; the generator on the page it
+just rendered, the oracle on what a prompt shows (`oracle_action`), so the oracle's exact match is 1 minus the share
+of noisy steps, by construction.
+
+The rule, in order (results page):
+ 1. a shopper who uses filters ticks their preferred brand when the page offers it, then
+ 2. picks the price refinement of their budget;
+ 3. after looking at `max_views` products they stop;
+ 4. otherwise they open the first result, top to bottom, that they have not opened yet and that fits: its title names
+    what they look for and their must-have feature, it costs less than the budget, and it is of their brand if
+    they have one;
+ 5. with nothing fitting they try their next search (profile.queries), then
+ 6. stop.
+Product page: a product that fits and has at least the minimum rating is bought (buy now or add to cart, as the
+profile says); any other goes back to the results. Cart page: proceed to checkout. Home page: the first search.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import unescape
+
+from shop_r1.data.synth import pages
+from shop_r1.data.synth.profile import PROFILE_HEADER, Profile, parse_profile
+from shop_r1.types import Action, Message, RLExample
+
+MAX_STEPS = 16
+"""A session stops at this step index at the latest (the prompt shows the step index: "Page N")."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    title: str
+    price: float
+    rating: float
+    name: str
+
+
+@dataclass(frozen=True)
+class PageView:
+    """What the policy reads off a page."""
+
+    kind: str  # home | results | product | cart | other
+    results: tuple[Listing, ...] = ()
+    brands: tuple[tuple[str, str, bool], ...] = ()  # (label, element name, checked)
+    price_current: str | None = None
+    page_number: int = 1
+    has_next: bool = False
+    product: Listing | None = None
+    product_brand: str = ""
+
+
+_RESULT = re.compile(r'<div class="result"><a name="([^"]*)">(.*?)</a><span class="price">\$([\d.]+)</span>'
+                     r'<span class="rating">([\d.]+) out of 5')
+_BRAND = re.compile(r'<input type="checkbox" name="(refinements\.brand\.[^"]*)"( checked)?/><label>(.*?)</label>')
+_PRICE_CURRENT = re.compile(r'name="refinements\.price\.([^"]*)" aria-current="true"')
+_PAGE_NO = re.compile(r"Page (\d+) of results")
+_PRODUCT = re.compile(r'<h1>(.*?)</h1><div>Brand: (.*?)</div><span class="price">\$([\d.]+)</span>'
+                      r'<span class="rating">([\d.]+) out of 5')
+
+
+def read_page(html: str) -> PageView:
+    if 'name="proceed_to_checkout"' in html:
+        return PageView("cart")
+    if 'name="buy_now"' in html:
+        m = _PRODUCT.search(html)
+        if m is None:
+            return PageView("other")
+        title = unescape(m.group(1))
+        return PageView("product", product=Listing(title, float(m.group(3)), float(m.group(4)), ""),
+                        product_brand=unescape(m.group(2)))
+    page_no = _PAGE_NO.search(html)
+    if page_no is not None:
+        current = _PRICE_CURRENT.search(html)
+        return PageView(
+            "results",
+            results=tuple(Listing(unescape(m.group(2)), float(m.group(3)), float(m.group(4)), m.group(1))
+                          for m in _RESULT.finditer(html)),
+            brands=tuple((unescape(m.group(3)), m.group(1), bool(m.group(2))) for m in _BRAND.finditer(html)),
+            price_current=current.group(1) if current else None, page_number=int(page_no.group(1)),
+            has_next='name="pagination.next"' in html)
+    if "Today's Deals" in html:
+        return PageView("home")
+    return PageView("other")
+
+
+def budget_bucket(budget: int) -> str:
+    return pages.price_bucket_of(budget - 0.01)
+
+
+def fits(profile: Profile, title: str, price: float, brand: str | None = None) -> bool:
+    """The listing-level test: what they look for, with the must-have feature, under budget, of their brand."""
+    t = title.lower()
+    if profile.noun not in t or profile.feature not in t or price >= profile.budget:
+        return False
+    if profile.brand is None:
+        return True
+    return brand == profile.brand if brand is not None else title.startswith(profile.brand + " ")
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    rationale: str
+
+
+def _views(history: Sequence[Action]) -> list[str]:
+    return [a.name for a in history if a.type == "click" and a.name.endswith(".view_product")]
+
+
+def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decision:
+    """The shopper's next action on `page`, after the session's earlier actions `history` (len = step index)."""
+    p = profile
+    want = f"{p.feature} {p.noun}"
+    searches = sum(a.type == "type_and_submit" for a in history)
+    queries = p.queries()
+    if len(history) >= MAX_STEPS:
+        return Decision(Action("terminate"), "I've spent long enough on this, so I'll stop here.")
+    if page.kind == "home":
+        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, queries[0]),
+                        f"I need a {want} under ${p.budget}, so I'll search for \"{queries[0]}\".")
+    if page.kind == "cart":
+        return Decision(Action("click", "proceed_to_checkout"), "I have what I came for, so I'll check out now.")
+    if page.kind == "product" and page.product is not None:
+        prod = page.product
+        if fits(p, prod.title, prod.price, page.product_brand) and prod.rating >= p.min_rating:
+            if p.buy_now:
+                return Decision(Action("click", "buy_now"),
+                                f"This {want} is ${prod.price:.2f} with {prod.rating} stars, so I'll buy it now.")
+            return Decision(Action("click", "add_to_cart"),
+                            f"This {want} is ${prod.price:.2f} with {prod.rating} stars, so I'll add it to my cart.")
+        reason = (f"is not from {p.brand}" if p.brand and page.product_brand != p.brand else
+                  f"is over my budget of ${p.budget}" if prod.price >= p.budget else
+                  f"only has {prod.rating} stars" if prod.rating < p.min_rating else f"is not a {want}")
+        return Decision(Action("click", "back_to_results"), f"This one {reason}, so I'll go back to the results.")
+    if page.kind != "results":
+        return Decision(Action("terminate"), "This page is not what I was looking for, so I'll leave.")
+    if p.uses_filters and p.brand:
+        for label, name, checked in page.brands:
+            if label == p.brand and not checked:
+                return Decision(Action("click", name), f"I prefer {p.brand}, so I'll filter the results to it.")
+    bucket = budget_bucket(p.budget)
+    if p.uses_filters and page.price_current != bucket:
+        return Decision(Action("click", f"refinements.price.{bucket}"),
+                        f"My budget is under ${p.budget}, so I'll narrow the results to that price range.")
+    viewed = _views(history)
+    if len(viewed) >= p.max_views:
+        return Decision(Action("terminate"),
+                        f"I've looked at {len(viewed)} products and none was right, so I'll stop here.")
+    for item in page.results:
+        if item.name not in viewed and fits(p, item.title, item.price):
+            return Decision(Action("click", item.name),
+                            f"The {item.title} is {p.feature} and ${item.price:.2f}, under my ${p.budget} budget, "
+                            "so I'll take a closer look.")
+    if searches < len(queries):
+        q = queries[searches]
+        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, q),
+                        f"Nothing here is a {want} under ${p.budget}, so I'll search for \"{q}\".")
+    return Decision(Action("terminate"),
+                    f"I've tried {searches} searches and found no {want} under ${p.budget}, so I'll leave.")
+
+
+def noise_alternatives(profile: Profile, page: PageView, history: Sequence[Action]) -> list[Action]:
+    """What a shopper may do instead of the rule's action on this page (a noisy step picks one that differs)."""
+    if page.kind == "results":
+        searches = sum(a.type == "type_and_submit" for a in history)
+        queries = profile.queries()
+        out = [Action("terminate"), *(Action("click", r.name) for r in page.results),
+               Action("type_and_submit", pages.SEARCH_INPUT, queries[min(searches, len(queries) - 1)])]
+        return out + ([Action("click", "pagination.next")] if page.has_next else [])
+    if page.kind == "product":
+        return [Action("terminate"), Action("click", "back_to_results"), Action("click", "buy_now"),
+                Action("click", "add_to_cart")]
+    return [Action("terminate")]
+
+
+def _actions_of(messages: Sequence[Message]) -> list[Action]:
+    out = []
+    for m in messages:
+        if m.role == "assistant":
+            out.append(Action.from_dict(json.loads(m.content)["action"], where="history"))
+    return out
+
+
+def profile_of_prompt(prompt: Sequence[Message]) -> Profile:
+    system = prompt[0].content if prompt and prompt[0].role == "system" else ""
+    if PROFILE_HEADER not in system:
+        raise ValueError("prompt has no shopper profile (data.persona=false, or not the synthetic shop version 2)")
+    return parse_profile(system.split(PROFILE_HEADER, 1)[1])
+
+
+def oracle_action(prompt: Sequence[Message]) -> Action:
+    """The policy applied to what the prompt shows: the profile (system turn), the earlier actions (assistant turns)
+    and the current page (the last user turn)."""
+    html = prompt[-1].content.split("\n", 1)[1] if "\n" in prompt[-1].content else prompt[-1].content
+    return decide(profile_of_prompt(prompt), read_page(html), _actions_of(prompt[1:-1])).action
+
+
+def oracle_exact(examples: Sequence[RLExample]) -> float:
+    """The ceiling of a policy that reads only the prompt: the share of examples where the rule's action is the
+    target (1 minus the share of noisy steps)."""
+    if not examples:
+        return 0.0
+    return sum(oracle_action(e.prompt) == e.target for e in examples) / len(examples)

@@ -1,0 +1,128 @@
+"""rl.scale_rewards (group / batch / none) and rl.self_certainty_breaks_ties, with values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from shop_r1.algo.advantages import group_advantages
+from shop_r1.config import Config
+from shop_r1.train import step_advantages
+from shop_r1.types import Action, Generation, Prompt, RewardBreakdown, ScoredGeneration
+
+# Two groups of two: [0, 4] (mean 2) and [0, 6] (mean 3); centred: (-2, 2) and (-3, 3).
+REWARDS = torch.tensor([[0.0, 4.0], [0.0, 6.0]])
+
+
+def test_group_scaling_divides_by_each_groups_std():
+    # group std (unbiased): sqrt((2^2 + 2^2) / 1) = 2 sqrt 2 and 3 sqrt 2 -> (-1/sqrt 2, 1/sqrt 2) for both groups
+    out = group_advantages(REWARDS, eps=0.0, scale="group")
+    h = 1 / math.sqrt(2)
+    torch.testing.assert_close(out.advantages, torch.tensor([[-h, h], [-h, h]], dtype=torch.float64))
+    assert out.num_zero_signal_groups == 0
+
+
+def test_group_is_the_default():
+    torch.testing.assert_close(group_advantages(REWARDS).advantages,
+                               group_advantages(REWARDS, scale="group").advantages)
+
+
+def test_batch_scaling_divides_by_the_std_of_the_whole_batch():
+    # all rewards [0, 4, 0, 6]: mean 2.5, deviations (-2.5, 1.5, -2.5, 3.5), squares 6.25 + 2.25 + 6.25 + 12.25 = 27,
+    # unbiased variance 27 / 3 = 9 -> std 3; advantages = centred / 3 = (-2/3, 2/3), (-1, 1)
+    out = group_advantages(REWARDS, eps=0.0, scale="batch")
+    torch.testing.assert_close(out.advantages, torch.tensor([[-2 / 3, 2 / 3], [-1.0, 1.0]], dtype=torch.float64))
+
+
+def test_batch_std_counts_the_tied_groups_too():
+    # [0, 1], [0, 5], [3, 3]: all six have mean 2, deviations (-2, -1, -2, 3, 1, 1), squares sum 20, variance
+    # 20 / 5 = 4 -> std 2 (without the tied group it would be sqrt(17/3)); centred (-0.5, 0.5), (-2.5, 2.5), tied -> 0
+    out = group_advantages(torch.tensor([[0.0, 1.0], [0.0, 5.0], [3.0, 3.0]]), eps=0.0, scale="batch")
+    torch.testing.assert_close(out.advantages,
+                               torch.tensor([[-0.25, 0.25], [-1.25, 1.25], [0.0, 0.0]], dtype=torch.float64))
+    assert out.zero_signal.tolist() == [False, False, True]
+
+
+def test_none_only_subtracts_the_group_mean():
+    # Dr. GRPO: the centred rewards themselves, in reward units
+    out = group_advantages(REWARDS, scale="none")
+    torch.testing.assert_close(out.advantages, torch.tensor([[-2.0, 2.0], [-3.0, 3.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_every_scale_zeroes_tied_groups_and_single_samples(scale):
+    out = group_advantages(torch.tensor([[1001.0, 1001.0, 1001.0], [0.8, 0.8, 1.8]]), scale=scale)
+    assert out.advantages[0].tolist() == [0.0, 0.0, 0.0]
+    assert out.zero_signal.tolist() == [True, False]
+    single = group_advantages(torch.tensor([[3.0], [7.0]]), scale=scale)
+    assert single.advantages.tolist() == [[0.0], [0.0]] and single.num_zero_signal_groups == 2
+
+
+def test_unknown_scale_and_mismatched_tie_rewards_are_errors():
+    with pytest.raises(ValueError, match="scale must be one of"):
+        group_advantages(REWARDS, scale="token")
+    with pytest.raises(ValueError, match="tie_rewards has shape"):
+        group_advantages(REWARDS, tie_rewards=torch.zeros(2, 3))
+
+
+# ------------------------------------------------------------------------------------- ties: self-certainty or not
+
+ALPHA = 0.005
+
+
+def _reward(action_part: tuple[float, float, float, float], s: float) -> RewardBreakdown:
+    fmt, action_type, attribute, value = action_part
+    return RewardBreakdown(format=fmt, action_type=action_type, attribute=attribute, value=value, self_certainty=s,
+                           total=fmt + action_type + attribute + value + ALPHA * s, format_valid=True)
+
+
+def _group(rewards: list[RewardBreakdown]) -> ScoredGeneration:
+    return ScoredGeneration(Prompt("ex", (1, 2), Action("terminate")), Generation(0, (1, 2), (), 100), tuple(rewards))
+
+
+TERMINATE = (0.5, 0.3, 0.0, 0.0)  # a right terminate: 0.8
+# Group 0: three right terminates, s = 6.4, 6.8, 7.2 -> totals 0.832, 0.834, 0.836: only alpha * s differs.
+TIED = _group([_reward(TERMINATE, 6.4), _reward(TERMINATE, 6.8), _reward(TERMINATE, 7.2)])
+# Group 1: action rewards 0.8, 0.5 (wrong type) and 1001 (exact click), each with s = 7.
+MIXED = _group([_reward(TERMINATE, 7.0), _reward((0.5, 0.0, 0.0, 0.0), 7.0), _reward((0.5, 0.3, 0.2, 1000.0), 7.0)])
+
+
+def _cfg(breaks_ties: bool) -> Config:
+    cfg = Config()
+    cfg.rl.self_certainty_breaks_ties = breaks_ties
+    return cfg
+
+
+def test_self_certainty_breaks_ties_by_default():
+    # The paper: totals (0.832, 0.834, 0.836) differ -> centred (-0.002, 0, 0.002), std 0.002 -> about (-1, 0, 1)
+    # (eps = 1e-6 next to 0.002 makes it 0.9995): confident rationales pushed up by a full unit.
+    assert Config().rl.self_certainty_breaks_ties is True
+    adv = step_advantages([TIED, MIXED], Config())
+    assert adv.zero_signal.tolist() == [False, False] and adv.num_zero_signal_groups == 0
+    torch.testing.assert_close(adv.advantages[0], torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64), atol=1e-3,
+                               rtol=0)
+
+
+def test_tied_action_rewards_are_zero_signal_when_self_certainty_does_not_break_ties():
+    adv = step_advantages([TIED, MIXED], _cfg(breaks_ties=False))
+    assert adv.zero_signal.tolist() == [True, False]
+    assert adv.num_zero_signal_groups == 1  # what train/zero_signal_groups logs
+    assert adv.advantages[0].tolist() == [0.0, 0.0, 0.0]
+    # Group 1 still uses the totals (0.835, 0.535, 1001.035): the same advantages either way.
+    torch.testing.assert_close(adv.advantages[1], step_advantages([TIED, MIXED], Config()).advantages[1])
+
+
+def test_action_part_ties_are_exact_whatever_self_certainty_adds():
+    # total - alpha * s would differ from the action part by float rounding; the sum of the terms does not.
+    group = _group([_reward((0.5, 0.3, 0.2, 1000 * 0.8), s) for s in (0.1, 3.3, 6.9, 7.123456789)])
+    assert step_advantages([group], _cfg(breaks_ties=False)).zero_signal.tolist() == [True]
+    assert step_advantages([group], Config()).zero_signal.tolist() == [False]
+
+
+def test_scale_rewards_setting_reaches_the_advantages():
+    cfg = Config()
+    cfg.rl.scale_rewards = "none"
+    adv = step_advantages([MIXED], cfg)
+    # totals 0.835, 0.535, 1001.035: mean 334.135 -> centred (-333.3, -333.6, 666.9)
+    torch.testing.assert_close(adv.advantages[0], torch.tensor([-333.3, -333.6, 666.9], dtype=torch.float64),
+                               atol=1e-9, rtol=0)

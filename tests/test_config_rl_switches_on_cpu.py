@@ -1,0 +1,42 @@
+"""The config fields of issue 21 section 3-4: defaults (the paper's), overrides, types and ranges."""
+
+import pytest
+
+from shop_r1.config import ConfigError, load_config
+
+
+def test_defaults_are_the_papers_and_validation_is_off():
+    cfg = load_config()
+    assert cfg.rl.scale_rewards == "group"
+    assert cfg.rl.self_certainty_breaks_ties is True
+    assert cfg.reward.click_guard is False
+    assert (cfg.rl.val_every, cfg.rl.val_examples) == (0, 64)
+
+
+def test_overrides_set_them():
+    cfg = load_config(None, ["rl.scale_rewards=none", "rl.self_certainty_breaks_ties=false",
+                             "reward.click_guard=true", "rl.val_every=5", "rl.val_examples=16"])
+    assert (cfg.rl.scale_rewards, cfg.rl.self_certainty_breaks_ties, cfg.reward.click_guard) == ("none", False, True)
+    assert (cfg.rl.val_every, cfg.rl.val_examples) == (5, 16)
+    assert load_config(None, ["rl.scale_rewards=batch"]).rl.scale_rewards == "batch"
+
+
+@pytest.mark.parametrize("override, named", [
+    ("rl.scale_rewards=token", "rl.scale_rewards"),
+    ("rl.self_certainty_breaks_ties=1", "rl.self_certainty_breaks_ties"),
+    ("reward.click_guard=yes please", "reward.click_guard"),
+    ("rl.val_every=2.5", "rl.val_every"),
+])
+def test_wrong_values_name_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rl.val_every=-1", "rl.val_every=-1 is out of range: allowed >= 0"),
+    ("rl.val_examples=0", "rl.val_examples=0 is out of range: allowed >= 1"),
+])
+def test_ranges(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
