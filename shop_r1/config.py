@@ -92,6 +92,10 @@ class DataConfig:
     persona: bool = True
     """Head every prompt of a session with what is known of its shopper (`persona`: the synthetic profile, or OPeRA's
     persona text), as Customer-R1 does on OPeRA; false leaves it out (the paper's setting)."""
+    instructions: Literal["full", "short"] = "full"
+    """The system turn's instructions: `full` (Appendix B's content, for instruct models) or `short` (the same output
+    contract in ~50 tokens instead of ~330, for a model trained from scratch, to which a constant prompt is only
+    cost)."""
     val_fraction: float = 0.0
     """Share of the *training* sessions carved out as a validation split (`rl_val.jsonl`) for choosing models and
     settings and for the GRPO stage's periodic validation; the test split is read only for the final table.
@@ -215,6 +219,10 @@ class SFTConfig:
     Range: >= 1."""
     warmup_ratio: float = 0.0
     """Share of the optimizer steps spent warming the learning rate up from 0. Range: in [0, 1)."""
+    max_steps: int = 0
+    """If > 0, run exactly this many optimizer steps instead of `epochs` passes (the data is passed over as many times
+    as needed, reshuffled each pass, as HF Trainer's max_steps; warmup_ratio applies to these steps). 0: `epochs`
+    passes. The experiments' "SFT continued" row uses it to match the RL stage's wall time. Range: >= 0."""
 
 
 @dataclass
@@ -398,7 +406,7 @@ RANGES: dict[str, Range] = {
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
         "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts",
-        "rl.val_every"),
+        "rl.val_every", "sft.max_steps"),
         Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.val_fraction": Range(0, 1, high_open=True),

@@ -46,9 +46,11 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     if not sequences:
         raise ValueError(f"{sft_examples_path}: no SFT conversation fits sft.max_seq_len={cfg.sft.max_seq_len}")
     steps_per_epoch = math.ceil(len(sequences) / cfg.sft.global_batch_size)
-    total_steps = cfg.sft.epochs * steps_per_epoch
+    total_steps = cfg.sft.max_steps or cfg.sft.epochs * steps_per_epoch
+    num_epochs = math.ceil(total_steps / steps_per_epoch)  # the last one cut short when sft.max_steps says so
     print(f"SFT: {len(sequences)} conversations ({tokenized.num_dropped} dropped as too long), "
-          f"{cfg.sft.epochs} epochs x {steps_per_epoch} steps, {cfg.learner.num_ranks} rank(s)", flush=True)
+          f"{total_steps} steps ({num_epochs} epoch(s) of {steps_per_epoch}), {cfg.learner.num_ranks} rank(s)",
+          flush=True)
 
     print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s) (the first run on a machine builds "
           "DeepSpeed's CPU communication op: about a minute)", flush=True)
@@ -58,9 +60,9 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     losses: list[float] = []
     step = 0
     try:
-        for epoch in range(cfg.sft.epochs):
+        for epoch in range(num_epochs):
             for batch in sft_global_batches(sequences, cfg.sft.global_batch_size, cfg.learner.num_ranks, epoch,
-                                            cfg.seed):
+                                            cfg.seed)[:total_steps - step]:
                 budget, pad = cfg.learner.max_tokens_per_micro_batch, tokenizer.pad_token_id or 0
                 per_rank = [pack_micro_batches(share, budget, pad) for share in batch]
                 num_tokens = sum(mb.num_loss_tokens for share in per_rank for mb in share)
@@ -73,7 +75,7 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
                                    "sft/epoch": epoch, "sft/loss_tokens": num_tokens,
                                    "timing/update": time.perf_counter() - t0})
         group.save_hf(str(out / "hf"))
-        group.save_checkpoint(str(out / "checkpoint"), {"step": step, "epoch": cfg.sft.epochs})
+        group.save_checkpoint(str(out / "checkpoint"), {"step": step, "epoch": num_epochs})
     finally:
         tracker.close()
         group.shutdown()

@@ -49,13 +49,13 @@ class RLBuild:
     """Examples left out because the current page alone exceeds max_prompt_tokens."""
 
 
-def build_sft_examples(sessions: Sequence[Session], persona: bool = True) -> SFTBuild:
+def build_sft_examples(sessions: Sequence[Session], persona: bool = True, instructions: str = "full") -> SFTBuild:
     examples, skipped = [], []
     for s in sessions:
         if any(step.rationale is None for step in s.steps):
             skipped.append(s.session_id)
             continue
-        messages = [Message("system", system_prompt(s.persona if persona else None))]
+        messages = [Message("system", system_prompt(s.persona if persona else None, instructions))]
         for i, step in enumerate(s.steps):
             messages.append(Message("user", render_observation(step.observation, i)))
             messages.append(Message("assistant", render_action(step.action, step.rationale)))
@@ -77,10 +77,10 @@ def build_step_sft_examples(examples: Sequence[RLExample]) -> SFTBuild:
 
 
 def _rl_prompt(session: Session, t: int, num_dropped: int, history_rationales: bool = True,
-               persona: bool = True) -> tuple[Message, ...]:
+               persona: bool = True, instructions: str = "full") -> tuple[Message, ...]:
     """Prompt for predicting step t with the HTML of the `num_dropped` oldest pages omitted (the session's persona in
     the system turn when it has one and `persona`)."""
-    messages = [Message("system", system_prompt(session.persona if persona else None))]
+    messages = [Message("system", system_prompt(session.persona if persona else None, instructions))]
     for i in range(t):
         step = session.steps[i]
         page = render_dropped_observation(i) if i < num_dropped else render_observation(step.observation, i)
@@ -92,7 +92,8 @@ def _rl_prompt(session: Session, t: int, num_dropped: int, history_rationales: b
 
 
 def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_tokens: int,
-                      count_tokens: TokenCounter, history_rationales: bool = True, persona: bool = True) -> RLBuild:
+                      count_tokens: TokenCounter, history_rationales: bool = True, persona: bool = True,
+                      instructions: str = "full") -> RLBuild:
     if context not in ("whole_session", "latest_step"):
         raise ValueError(f"context must be whole_session or latest_step, got {context!r}")
     examples, over = [], []
@@ -100,7 +101,8 @@ def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_toke
         for t in range(1, len(s.steps)):
             example_id = f"{s.session_id}:{t}"
             lo = t if context == "latest_step" else 0
-            prompt = lambda k, s=s, t=t: _rl_prompt(s, t, k, history_rationales, persona)  # noqa: E731 - k pages omitted
+            prompt = lambda k, s=s, t=t: _rl_prompt(  # noqa: E731 - k earlier pages omitted
+                s, t, k, history_rationales, persona, instructions)
             if count_tokens(prompt(t)) > max_prompt_tokens:
                 over.append(example_id)
                 continue

@@ -35,12 +35,23 @@ Answer with exactly one JSON object and nothing else: no prose, no code fence.
 {"rationale": "<one first-person sentence>", "action": {"type": "...", ...}}"""
 
 
+SHORT_SYSTEM_PROMPT = """Predict the shopper's next action on the last page, and why. Answer with one JSON object: \
+{"rationale": "<one first-person sentence>", "action": {"type": "click", "name": "<element name>"} or \
+{"type": "type_and_submit", "name": "<input name>", "text": "<text>"} or {"type": "terminate"}}"""
+"""For a model trained from scratch: the same output contract in a quarter of the tokens (a constant prompt teaches
+such a model nothing; its length is only cost)."""
+
+INSTRUCTIONS = {"full": SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
 PERSONA_HEADER = "## The shopper"
 
 
-def system_prompt(persona: str | None = None) -> str:
-    """The system turn: the instructions, then what is known of this shopper when the session has a persona."""
-    return SYSTEM_PROMPT if not persona else f"{SYSTEM_PROMPT}\n\n{PERSONA_HEADER}\n{persona}"
+def system_prompt(persona: str | None = None, instructions: str = "full") -> str:
+    """The system turn: the instructions (`full`: Appendix B's content; `short`), then what is known of this shopper
+    when the session has a persona."""
+    if instructions not in INSTRUCTIONS:
+        raise ValueError(f"instructions must be one of {sorted(INSTRUCTIONS)}, got {instructions!r}")
+    text = INSTRUCTIONS[instructions]
+    return text if not persona else f"{text}\n\n{PERSONA_HEADER}\n{persona}"
 
 
 def render_observation(html: str, step_index: int) -> str:

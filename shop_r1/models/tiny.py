@@ -25,10 +25,12 @@ CHATML_TEMPLATE = (
 def default_corpus(num_sessions: int = 150, seed: int = 0, version: int = 1) -> Iterator[str]:
     """Text like what the model will read and write: pages, action JSON, rationales, the system prompt and the
     shoppers' profiles (synthetic shop `version`)."""
-    from shop_r1.data.prompts import SYSTEM_PROMPT, render_action, system_prompt
+    from shop_r1.data.prompts import SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, render_action, system_prompt
     from shop_r1.data.synth import synthesize_sessions
 
     yield SYSTEM_PROMPT
+    if version == 2:
+        yield SHORT_SYSTEM_PROMPT
     for session in synthesize_sessions(num_sessions, seed, version):
         if session.persona:
             yield system_prompt(session.persona)
