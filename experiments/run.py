@@ -1,9 +1,12 @@
 """Reproduce the paper's trends on this machine, one suite at a time, resumable stage by stage.
 
     python experiments/run.py table2 [--root runs/experiments] [--results experiments/results] [dotted.overrides ...]
-    (or: bash experiments/run.sh table2 ..., which sets up .venv and the environment first)
+    python experiments/run.py v2_table2 [dotted.overrides ...] [--seeds 0 1 2] [--config configs/demo_cpu.yaml]
+    (or: bash experiments/run.sh SUITE ..., which sets up .venv and the environment first; overrides go before
+    --seeds, or after `--`)
 
-Suites (rows share the data, the model and the SFT stage; each row is one GRPO run from the SFT model + one eval):
+Suites on the paper-setting shop (experiments/configs/base.yaml, data.synth_version=1; one workspace, one seed; rows
+share the data, the model and the SFT stage; each row is one GRPO run from the SFT model + one eval):
     table2  zero-shot, SFT, SFT + RL (binary reward), SFT + Shop-R1                          (paper Table 2)
     table4  Shop-R1 without format / rationale reward / reward scale, binary action reward   (paper Table 4)
     fig2    Shop-R1 at RL sampling temperatures 0.2 .. 1.0                                   (paper Figure 2)
@@ -11,29 +14,48 @@ Suites (rows share the data, the model and the SFT stage; each row is one GRPO r
     seeds   Shop-R1 with GRPO seeds 1 and 2 beside the default run (how much of a row is the seed)
     table5  SFT and Shop-R1 with whole-session context (a second data/SFT workspace)         (paper Table 5)
 
+Suites on the profiled shop (issue 21, section 5): the main job's config (configs/demo_cpu.yaml, everything tuned
+there) with data.synth_version=2, eval.split=test and logging.wandb=false forced, over seeds (default 0 1 2): seed k
+is its own workspace ROOT/v2/seed<k> with `seed=k data.synth_seed=k` (its own data, model, SFT and RL runs), shared
+by the three v2 suites (Shop-R1 and SFT are trained once per seed):
+    v2_table2  zero-shot, SFT, SFT continued for the Shop-R1 GRPO stage's wall time, SFT + RL (binary), SFT + Shop-R1
+    v2_table4  SFT, the paper's four ablations, reward.click_guard=true, rl.self_certainty_breaks_ties=false,
+               rl.scale_rewards=none, Shop-R1 (a switch the base config already sets is measured the other way)
+    v2_fig2    SFT and Shop-R1 at RL sampling temperatures 0.2 .. 1.0 (the base temperature's row is the Shop-R1 run)
+
 Stages and what marks them done (a finished stage is never redone; GRPO resumes from its last checkpoint):
-    data   ROOT/data/stats.json         model  ROOT/model/shop_lm/shop_r1_model.json
-    sft    ROOT/sft/hf/done.json        rl     ROOT/rl/NAME/done.json        eval   ROOT/eval/NAME/metrics.json
-Results: RESULTS/<machine>/<suite>/ results.json (metrics, 95% bootstrap intervals, paired differences against SFT,
-stage times, config), table.md (side by side with the paper's numbers) and PNG plots. The held-out set is never used
-for any choice: every setting below was fixed before the first evaluation.
+    data   WS/data/stats.json           model  WS/model/shop_lm/shop_r1_model.json
+    sft    WS/sft/hf/done.json          rl     WS/rl/NAME/done.json        eval   WS/eval/NAME/metrics.json
+    sft_continued  WS/sft_continued/hf/done.json (after WS/rl/shop_r1: its length is that stage's wall time)
+Stage wall times go to WS/stage_seconds.json. A v2 workspace refuses a config other than the one it was made with.
+Results: RESULTS/<machine>/<suite>/ results.json, table.md, predictions/ and PNG plots (experiments/summarize.py;
+v2 suites: mean +- SD over the seeds beside each seed's own table). The test split is never used for any choice.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shop_r1.config import Config, load_config, save_config  # noqa: E402
+from shop_r1.config import Config, ConfigError, config_to_dict, load_config, save_config  # noqa: E402
 
 BASE_CONFIG = ROOT / "experiments" / "configs" / "base.yaml"
+V2_BASE_CONFIG = ROOT / "configs" / "demo_cpu.yaml"
+V2_FORCED = ("data.synth_version=2", "eval.split=test", "logging.wandb=false")
+"""On top of the main job's config for every v2 suite: the profiled shop, the test split for every row (the
+validation split, if data.val_fraction makes one, still feeds GRPO's periodic validation), no wandb files."""
+V2_SEEDS = (0, 1, 2)
+SEED_KEYS = ("seed", "data.synth_seed", "eval.split")
+"""Set by the v2 driver per workspace (--seeds) and V2_FORCED; an override of them is refused."""
 
 # The paper's numbers (Qwen-2.5-3B-Instruct; exact match, type accuracy, type macro-F1, in %), for the side by side.
 PAPER = {
@@ -52,7 +74,7 @@ class Row:
     rl_overrides: tuple[str, ...] | None = None
     """None: no RL (the row evaluates the base or the SFT model, see `model`)."""
     model: str = "rl"
-    """"base", "sft" or "rl": which model the row evaluates."""
+    """"base", "sft", "sft_continued" or "rl": which model the row evaluates."""
 
 
 @dataclass(frozen=True)
@@ -62,14 +84,17 @@ class Suite:
     """Overrides that change data/SFT (a separate workspace under ROOT/<workspace>)."""
     workspace: str = ""
     plots: tuple[str, ...] = field(default=("reward", "action_mix"))
+    notes: tuple[str, ...] = ()
+    """What the table should say about its rows (a v2 row measured the other way, or left out as the Shop-R1 run)."""
 
 
 SFT_ROW = Row("sft", "SFT", model="sft")
 SHOP_R1 = Row("shop_r1", "SFT + Shop-R1", ())
 BINARY = ("reward.action_reward=binary", "reward.format_reward=false", "reward.rationale_reward=false")
+ZERO_SHOT = Row("zero_shot", "Zero-shot (untrained)", model="base")
+BINARY_ROW = Row("sft_rl_binary", "SFT + RL (Binary)", BINARY)
 SUITES: dict[str, Suite] = {
-    "table2": Suite((Row("zero_shot", "Zero-shot (untrained)", model="base"), SFT_ROW,
-                     Row("sft_rl_binary", "SFT + RL (Binary)", BINARY), SHOP_R1)),
+    "table2": Suite((ZERO_SHOT, SFT_ROW, BINARY_ROW, SHOP_R1)),
     "table4": Suite((SFT_ROW, Row("no_format_reward", "w/o format reward", ("reward.format_reward=false",)),
                      Row("no_rationale_reward", "w/o rationale reward", ("reward.rationale_reward=false",)),
                      Row("no_reward_scale", "w/o reward scale", ("reward.reward_scale=false",)),
@@ -89,8 +114,123 @@ SUITES: dict[str, Suite] = {
                                                                "data.max_prompt_tokens=3900", "sft.max_seq_len=4096"),
                     workspace="whole_session_v2"),
 }
-# fig2's T = 0.6 row is the default Shop-R1 run: reuse it rather than train it twice.
+# fig2's T = 0.6 row is the default Shop-R1 run: reuse it rather than train it twice (v1 suites; the v2 suites name
+# the row of the base config's temperature `shop_r1` themselves).
 ALIASES = {"temperature_0.6": "shop_r1"}
+
+# ---------------------------------------------------------------------------------------------- v2 suites
+
+SFT_CONTINUED = Row("sft_continued", "SFT continued (RL's wall time)", model="sft_continued")
+PAPER_ABLATIONS = SUITES["table4"].rows[1:-1]
+TEMPERATURES = ("0.2", "0.4", "0.6", "0.8", "1.0")
+V2_SUITES = ("v2_table2", "v2_table4", "v2_fig2")
+
+
+def _value(cfg: Config, key: str) -> object:
+    out: object = cfg
+    for part in key.split("."):
+        out = getattr(out, part)
+    return out
+
+
+def _is_set(cfg: Config, override: str) -> bool:
+    """Whether `cfg` already has the value `key=value` sets (compared typed, as load_config parses it)."""
+    key = override.split("=", 1)[0]
+    return _value(cfg, key) == _value(load_config(None, [override]), key)
+
+
+# Issue 21's reward switches: (key, the value measured, the value measured instead where the base config has it).
+SWITCHES = (("reward.click_guard", "true", "false"), ("rl.self_certainty_breaks_ties", "false", "true"),
+            ("rl.scale_rewards", "none", "group"))
+
+
+def _switch(cfg: Config, key: str, measured: str, other: str) -> Row:
+    """The row measuring `key=measured` against the base config, or `key=other` where the base already has
+    `measured` (the main job may adopt a switch that an ablation supported; the row then measures leaving it)."""
+    value = other if _is_set(cfg, f"{key}={measured}") else measured
+    return Row(f"{key.rsplit('.', 1)[1]}_{value}", f"Shop-R1, {key}={value}", (f"{key}={value}",))
+
+
+def v2_suite(name: str, cfg: Config) -> Suite:
+    """A v2 suite's rows for the base config `cfg` (any seed's: the rows do not depend on the seed). An RL row whose
+    overrides the base config already has would repeat the Shop-R1 run: fig2 names it `shop_r1`, others leave it out."""
+    notes: tuple[str, ...] = ()
+    if name == "v2_table2":
+        rows: tuple[Row, ...] = (ZERO_SHOT, SFT_ROW, SFT_CONTINUED, BINARY_ROW, SHOP_R1)
+    elif name == "v2_table4":
+        switches = tuple(_switch(cfg, *s) for s in SWITCHES)
+        notes = tuple(f"{r.label}: the base config has {key}={measured}, so this row measures the other value"
+                      for r, (key, measured, _) in zip(switches, SWITCHES) if r.rl_overrides != (f"{key}={measured}",))
+        rows = (SFT_ROW, *PAPER_ABLATIONS, *switches, SHOP_R1)
+    elif name == "v2_fig2":
+        rows = (SFT_ROW, *(Row("shop_r1", f"Shop-R1, T={t}", ()) if _is_set(cfg, f"rollout.temperature={t}") else
+                           Row(f"temperature_{t}", f"Shop-R1, T={t}", (f"rollout.temperature={t}",))
+                           for t in TEMPERATURES))
+        if not any(r.name == "shop_r1" for r in rows):
+            rows += (Row("shop_r1", f"Shop-R1, T={cfg.rollout.temperature:g} (base config)", ()),)
+    else:
+        raise KeyError(f"no v2 suite {name!r}; v2 suites: {', '.join(V2_SUITES)}")
+    kept = tuple(r for r in rows if not (r.rl_overrides and all(_is_set(cfg, o) for o in r.rl_overrides)))
+    notes += tuple(f"{r.label}: left out, the base config already has {' '.join(r.rl_overrides or ())} (it is the "
+                   "Shop-R1 run)" for r in rows if r not in kept)
+    return Suite(kept, workspace="v2", notes=notes)
+
+
+def v2_base_config(path: str | Path, overrides: list[str] | tuple[str, ...]) -> Config:
+    """The main job's config with the user's overrides and V2_FORCED (seeds come per workspace)."""
+    for o in overrides:
+        if o.split("=", 1)[0] in SEED_KEYS:
+            raise ConfigError(f"{o!r}: the v2 suites set {', '.join(SEED_KEYS)} themselves (use --seeds)")
+    return load_config(path, [*overrides, *V2_FORCED])
+
+
+def seed_workspace(root: Path, k: int) -> Path:
+    return root / "v2" / f"seed{k}"
+
+
+def seed_overrides(root: Path, k: int) -> tuple[str, ...]:
+    return f"seed={k}", f"data.synth_seed={k}", f"run_dir={seed_workspace(root, k)}"
+
+
+# Keys that do not change a result: a workspace made with other values of these is still the same experiment.
+NOT_RESULTS = ("run_dir", "storage_uri", "logging.", "ray.")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_changes(saved: Config, cfg: Config) -> list[str]:
+    """`key: saved -> new` for every setting that differs and can change a result."""
+    a, b = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not k.startswith(NOT_RESULTS)]
+
+
+@dataclass(frozen=True)
+class ContinuedSFT:
+    """How long the "SFT continued" row trains: as many more SFT steps as fit in the Shop-R1 GRPO stage's wall time,
+    at the SFT stage's own pace (both stage times include their start-up and saving)."""
+
+    steps: int
+    """floor(rl_seconds / seconds_per_step), at least 1."""
+    seconds_per_step: float
+    """sft_seconds / sft_steps."""
+    sft_seconds: float
+    sft_steps: int
+    rl_seconds: float
+
+
+def continued_sft_plan(sft_seconds: float, sft_steps: int, rl_seconds: float) -> ContinuedSFT:
+    if sft_seconds <= 0 or sft_steps < 1 or rl_seconds <= 0:
+        raise ValueError(f"continued SFT needs positive stage times and steps: SFT {sft_seconds} s over {sft_steps} "
+                         f"steps, RL {rl_seconds} s")
+    per_step = sft_seconds / sft_steps
+    return ContinuedSFT(max(1, math.floor(rl_seconds * sft_steps / sft_seconds)), per_step, sft_seconds, sft_steps,
+                        rl_seconds)
 
 
 def _done(path: Path) -> bool:
@@ -118,6 +258,7 @@ class Workspace:
         print(f"<== {name}: {self.times[name]:.0f}s", flush=True)
 
     def data(self) -> dict[str, str]:
+        """The example files by name (`rl_val` only with data.val_fraction > 0)."""
         from shop_r1.data.build import build_datasets
         from shop_r1.pipeline import prepare_model, prepare_sessions
 
@@ -128,12 +269,23 @@ class Workspace:
             built = build_datasets(sessions, out, prepare_model(self.cfg, self.root), self.cfg.data, seed=self.cfg.seed)
             print(built.render(), flush=True)
             self._timed("data", start)
-        return {k: str(out / f"{k}.jsonl") for k in ("sft_train", "rl_train", "rl_test")}
+        files = {k: out / f"{k}.jsonl" for k in ("sft_train", "rl_train", "rl_test", "rl_val")}
+        return {k: str(p) for k, p in files.items() if k != "rl_val" or p.exists()}
 
     def base_model(self) -> str:
         from shop_r1.pipeline import prepare_model
 
         return str(prepare_model(self.cfg, self.root))
+
+    def model(self, row: Row, local: bool) -> str:
+        """The model a row evaluates, trained first if it is not yet."""
+        if row.model == "base":
+            return self.base_model()
+        if row.model == "sft":
+            return self.sft(local)
+        if row.model == "sft_continued":
+            return self.sft_continued(local)
+        return self.rl(row, local)
 
     def sft(self, local: bool) -> str:
         from shop_r1.sft import run_sft
@@ -148,6 +300,49 @@ class Workspace:
             self._timed("sft", start)
         return str(hf)
 
+    def _stage_seconds(self, stage: str, done: Path) -> float:
+        """The driver's wall time of a finished stage (stage_seconds.json), else the time its marker records."""
+        return float(self.times.get(stage) or json.loads(done.read_text())["seconds"])
+
+    def sft_continued(self, local: bool) -> str:
+        """The SFT model trained on for the Shop-R1 GRPO stage's wall time (`ContinuedSFT`): the same data, lr and
+        warmup ratio (over the new steps), a fresh optimizer. RL has to beat more imitation, not only less."""
+        from shop_r1.sft import run_sft
+
+        out = self.root / "sft_continued"
+        if not _done(out / "hf" / "done.json"):
+            sft = self.sft(local)
+            self.rl(SHOP_R1, local)  # its wall time is this row's budget
+            sft_done, rl_done = self.root / "sft" / "hf" / "done.json", self.root / "rl" / "shop_r1" / "done.json"
+            plan = continued_sft_plan(self._stage_seconds("sft", sft_done), json.loads(sft_done.read_text())["steps"],
+                                      self._stage_seconds("rl/shop_r1", rl_done))
+            if json.loads(rl_done.read_text()).get("resumed"):
+                print(f"WARNING: {rl_done.parent} was resumed: its stage time counts the last attempt only",
+                      flush=True)
+            print(f"  SFT continued: {plan.steps} more steps ({plan.rl_seconds:.0f} s of GRPO at "
+                  f"{plan.seconds_per_step:.2f} s per SFT step)", flush=True)
+            start = time.perf_counter()
+            cfg = _with(self.cfg, [f"run_dir={out}", f"sft.max_steps={plan.steps}"])
+            save_config(cfg, out / "config.yaml")
+            result = run_sft(cfg, sft, self.data()["sft_train"], out, local)
+            _mark(out / "hf" / "done.json", {"steps": result.num_steps, "first_loss": result.first_loss,
+                                             "last_loss": result.last_loss, "seconds": result.seconds,
+                                             "plan": asdict(plan)})
+            self._timed("sft_continued", start)
+        return str(out / "hf")
+
+    def _val_prompts(self, cfg: Config, model: str) -> list | None:
+        """As the pipeline's (shop_r1.pipeline._val_prompts): with rl.val_every > 0, rl.val_examples validation
+        prompts drawn with the run's seed, for GRPO's periodic validation."""
+        from shop_r1.pipeline import _rl_prompts
+
+        if not cfg.rl.val_every:
+            return None
+        if "rl_val" not in self.data():
+            raise ConfigError("rl.val_every > 0 needs a validation split: set data.val_fraction > 0")
+        prompts = _rl_prompts(cfg, model, self.data()["rl_val"])
+        return random.Random(cfg.seed).sample(prompts, min(cfg.rl.val_examples, len(prompts)))
+
     def rl(self, row: Row, local: bool) -> str:
         from shop_r1.pipeline import _pad_id, _rl_prompts
         from shop_r1.train import run_grpo
@@ -156,12 +351,14 @@ class Workspace:
         if not _done(out / "done.json"):
             start = time.perf_counter()
             sft = self.sft(local)
-            cfg = _with(self.cfg, [*row.rl_overrides, f"run_dir={out}"])
+            cfg = _with(self.cfg, [*(row.rl_overrides or ()), f"run_dir={out}"])
             save_config(cfg, out / "config.yaml")
+            resumed = (out / "grpo").exists()
             result = run_grpo(cfg, sft, _rl_prompts(cfg, sft, self.data()["rl_train"]), out / "grpo", local,
-                              resume=True, pad_id=_pad_id(sft))
+                              resume=True, pad_id=_pad_id(sft), val_prompts=self._val_prompts(cfg, sft))
             _mark(out / "done.json", {"steps": result.num_steps, "first_reward": result.first_reward,
-                                      "last_reward": result.last_reward, "seconds": result.seconds})
+                                      "last_reward": result.last_reward, "seconds": result.seconds,
+                                      "resumed": resumed})
             self._timed(f"rl/{row.name}", start)
         return str(out / "grpo" / "hf")
 
@@ -192,6 +389,13 @@ def _with(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
         path.unlink()
 
 
+def _run_rows(suite_name: str, rows: tuple[Row, ...], ws: Workspace, local: bool) -> None:
+    # "SFT continued" needs the Shop-R1 GRPO stage's time: the other rows first.
+    for row in sorted(rows, key=lambda r: r.model == "sft_continued"):
+        print(f"==> {suite_name}: {row.label}", flush=True)
+        ws.evaluate(row, ws.model(row, local), local)
+
+
 def run_suite(name: str, root: Path, results_root: Path, overrides: list[str]) -> Path:
     from shop_r1.distributed.runtime import start_ray
 
@@ -205,13 +409,8 @@ def run_suite(name: str, root: Path, results_root: Path, overrides: list[str]) -
     ws.data()
     runtime = start_ray(cfg.ray)
     try:
-        for row in suite.rows:
-            name_here = ALIASES.get(row.name, row.name)
-            target = Row(name_here, row.label, row.rl_overrides, row.model)
-            print(f"==> {name}: {row.label}", flush=True)
-            model = ws.base_model() if row.model == "base" else ws.sft(runtime.local_mode) if row.model == "sft" \
-                else ws.rl(target, runtime.local_mode)
-            ws.evaluate(target, model, runtime.local_mode)
+        rows = tuple(Row(ALIASES.get(r.name, r.name), r.label, r.rl_overrides, r.model) for r in suite.rows)
+        _run_rows(name, rows, ws, runtime.local_mode)
     finally:
         runtime.shutdown()
     from experiments.summarize import summarize
@@ -219,14 +418,67 @@ def run_suite(name: str, root: Path, results_root: Path, overrides: list[str]) -
     return summarize(name, suite, ws_root, results_root)
 
 
+def open_seed_workspace(base: Config, root: Path, k: int) -> Workspace:
+    """Seed k's workspace with its config written, or checked against the one it was made with: a row reused from
+    another suite (or another run of this one) must come from the same settings."""
+    ws_root = seed_workspace(root, k)
+    cfg = _with(base, seed_overrides(root, k))
+    saved = ws_root / "config.yaml"
+    if saved.exists():
+        changes = config_changes(load_config(saved), cfg)
+        if changes:
+            raise ConfigError(f"{ws_root} was made with another config ({'; '.join(changes)}); give another --root, "
+                              "or remove the workspace to start it again")
+    ws_root.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, saved)
+    return Workspace(cfg, ws_root)
+
+
+def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str], seeds: tuple[int, ...],
+                 config: Path = V2_BASE_CONFIG) -> Path:
+    from shop_r1.distributed.runtime import start_ray
+
+    base = v2_base_config(config, overrides)  # read once: editing the file mid-run changes nothing here
+    root = root.resolve()
+    suite = v2_suite(name, base)
+    for note in suite.notes:
+        print(f"  note: {note}", flush=True)
+    workspaces = [open_seed_workspace(base, root, k) for k in seeds]
+    for ws in workspaces:
+        ws.data()
+    runtime = start_ray(base.ray)
+    try:
+        for k, ws in zip(seeds, workspaces):
+            _run_rows(f"{name} seed {k}", suite.rows, ws, runtime.local_mode)
+    finally:
+        runtime.shutdown()
+    from experiments.summarize import summarize_seeds
+
+    return summarize_seeds(name, suite, {k: ws.root for k, ws in zip(seeds, workspaces)}, results_root)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", choices=[*sorted(SUITES), *V2_SUITES])
+    p.add_argument("--root", default=str(ROOT / "runs" / "experiments"), help="workspace (resumable)")
+    p.add_argument("--results", default=str(ROOT / "experiments" / "results"))
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help=f"v2 suites: one workspace per seed k (seed=k data.synth_seed=k); default {list(V2_SEEDS)}")
+    p.add_argument("--config", default=str(V2_BASE_CONFIG), help="v2 suites: the base config (the main job's)")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides on top of the suite's base config")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", choices=sorted(SUITES))
-    parser.add_argument("--root", default=str(ROOT / "runs" / "experiments"), help="workspace (resumable)")
-    parser.add_argument("--results", default=str(ROOT / "experiments" / "results"))
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides on top of experiments/configs/base.yaml")
-    args = parser.parse_intermixed_args(argv)
-    out = run_suite(args.suite, Path(args.root), Path(args.results), args.overrides)
+    p = parser()
+    args = p.parse_intermixed_args(argv)
+    if args.suite in V2_SUITES:
+        out = run_v2_suite(args.suite, Path(args.root), Path(args.results), args.overrides,
+                           tuple(args.seeds if args.seeds is not None else V2_SEEDS), Path(args.config))
+    else:
+        if args.seeds is not None or args.config != str(V2_BASE_CONFIG):
+            p.error("--seeds and --config are for the v2 suites; the others run experiments/configs/base.yaml")
+        out = run_suite(args.suite, Path(args.root), Path(args.results), args.overrides)
     print(f"results: {out}", flush=True)
     print((out / "table.md").read_text(), flush=True)
     return 0

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from shop_r1.baselines import training_file  # noqa: E402
 from shop_r1.comparison import (  # noqa: E402
     Comparison,
+    ComparisonRow,
     Setting,
     baseline_settings,
     compare,
@@ -65,21 +68,22 @@ def _row_result(ws: Path, row: Any, c: Comparison) -> dict[str, Any]:
     return out
 
 
-def _write_predictions(settings: list[Setting], out: Path) -> list[str]:
-    """predictions/<row>.jsonl.gz (example_id, response, target) for every row of the table, models and baselines,
-    on the examples of the table (the first row's, in its order)."""
+def _write_predictions(settings: list[Setting], folder: Path) -> list[str]:
+    """folder/<row>.jsonl.gz (example_id, response, target) for every row of the table, models and baselines, on the
+    examples of the table (the first row's, in its order)."""
     ids = settings[0].predictions.example_ids
-    return [write_predictions(s.predictions.select(ids), out / "predictions" / f"{s.name}.jsonl.gz").name
-            for s in settings]
+    return [write_predictions(s.predictions.select(ids), folder / f"{s.name}.jsonl.gz").name for s in settings]
 
 
 def _rl_log(ws: Path, name: str) -> list[dict]:
+    """A GRPO run's metrics, one record per step (a resumed run logs the steps after its checkpoint again: the last
+    record of a step is kept). Step 0 holds only `val/*` when rl.val_every > 0."""
     path = ws / "rl" / name / "metrics_grpo.jsonl"
     if not path.exists():
         return []
     from shop_r1.report import load_metrics
 
-    return list(load_metrics(path).records)
+    return sorted({r["step"]: r for r in load_metrics(path).records}.values(), key=lambda r: r["step"])
 
 
 def _smooth(values: list[float], k: int = 5) -> list[float]:
@@ -99,43 +103,58 @@ def _save(fig: Any, axes: Any, path: Path, legend_size: int) -> str:
     return path.name
 
 
-def _plots(ws: Path, rows: list, out: Path) -> list[str]:
+def _plots(ws: Path, rows: list, out: Path, suffix: str = "") -> list[str]:
+    """reward.png and action_mix.png of the GRPO runs' training steps, validation.png of their `val/*` records (when
+    rl.val_every > 0); `suffix` goes before `.png` (one set per seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     logs = {r.label: _rl_log(ws, r.name) for r in rows if r.rl_overrides is not None}
-    logs = {k: v for k, v in logs.items() if v}
+    train = {k: [r for r in v if "reward/total" in r] for k, v in logs.items()}
+    train = {k: v for k, v in train.items() if v}
     made = []
-    if not logs:
-        return made
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for label, log in logs.items():
-        steps = [r["step"] for r in log]
-        axes[0].plot(steps, _smooth([r["reward/total"] for r in log]), label=label)
-        axes[1].plot(steps, _smooth([r["reward/format"] + r["reward/action_type"] + r["reward/attribute"]
-                                     for r in log]), label=label)
-    axes[0].set_title("mean total reward of the rollouts (5-step mean)")
-    axes[1].set_title("format + type + attribute reward (5-step mean)")
-    for ax in axes:
-        ax.set_xlabel("GRPO step")
-    made.append(_save(fig, axes, out / "reward.png", legend_size=7))
-    kinds = ("click", "type_and_submit", "terminate", "invalid")
-    fig, axes = plt.subplots(1, len(logs), figsize=(4 * len(logs), 3.5), squeeze=False)
-    for ax, (label, log) in zip(axes[0], logs.items()):
-        steps = [r["step"] for r in log]
-        ax.stackplot(steps, *[_smooth([r[f"rollout/type_{k}"] for r in log]) for k in kinds], labels=kinds,
-                     alpha=0.85)
-        ax.set_title(label, fontsize=9)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("GRPO step")
-    axes[0][0].set_ylabel("share of rollouts")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "action_mix.png", dpi=110)
-    plt.close(fig)
-    made.append("action_mix.png")
+    if train:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        for label, log in train.items():
+            steps = [r["step"] for r in log]
+            axes[0].plot(steps, _smooth([r["reward/total"] for r in log]), label=label)
+            axes[1].plot(steps, _smooth([r["reward/format"] + r["reward/action_type"] + r["reward/attribute"]
+                                         for r in log]), label=label)
+        axes[0].set_title("mean total reward of the rollouts (5-step mean)")
+        axes[1].set_title("format + type + attribute reward (5-step mean)")
+        for ax in axes:
+            ax.set_xlabel("GRPO step")
+        made.append(_save(fig, axes, out / f"reward{suffix}.png", legend_size=7))
+        kinds = ("click", "type_and_submit", "terminate", "invalid")
+        fig, axes = plt.subplots(1, len(train), figsize=(4 * len(train), 3.5), squeeze=False)
+        for ax, (label, log) in zip(axes[0], train.items()):
+            steps = [r["step"] for r in log]
+            ax.stackplot(steps, *[_smooth([r[f"rollout/type_{k}"] for r in log]) for k in kinds], labels=kinds,
+                         alpha=0.85)
+            ax.set_title(label, fontsize=9)
+            ax.set_ylim(0, 1)
+            ax.set_xlabel("GRPO step")
+        axes[0][0].set_ylabel("share of rollouts")
+        axes[0][-1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(out / f"action_mix{suffix}.png", dpi=110)
+        plt.close(fig)
+        made.append(f"action_mix{suffix}.png")
+    val = {k: [r for r in v if "val/exact" in r] for k, v in logs.items()}
+    val = {k: v for k, v in val.items() if v}
+    if val:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        for label, log in val.items():
+            steps = [r["step"] for r in log]
+            axes[0].plot(steps, [100 * r["val/exact"] for r in log], marker=".", label=label)
+            axes[1].plot(steps, [100 * r.get("val/pred_terminate", 0.0) for r in log], marker=".", label=label)
+        axes[0].set_title("validation subset: exact match % (greedy)")
+        axes[1].set_title("validation subset: predicted terminate %")
+        for ax in axes:
+            ax.set_xlabel("GRPO step (0: the SFT model)")
+        made.append(_save(fig, axes, out / f"validation{suffix}.png", legend_size=7))
     return made
 
 
@@ -212,7 +231,7 @@ def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path
                                                   "num_rl_test_over_budget")}}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     (out / "config.yaml").write_text(config)
-    written = _write_predictions(settings, out) if settings else []
+    written = _write_predictions(settings, out / "predictions") if settings else []
     plots = _plots(ws, rows, out)
     if suite_name == "fig2":
         plots += _temperature_plot(rows, results, out)
@@ -237,15 +256,245 @@ def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path
     return out
 
 
+# ---------------------------------------------------------------------------------------------- v2: over seeds
+
+AGG_METRICS = ("exact_match", "type_kappa", "exact_match_non_terminate", "predicted_terminate")
+"""Averaged over seeds, beside `minus_sft` and `minus_best_baseline` (paired point differences in exact match)."""
+
+
+def mean_sd(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and sample SD (n - 1; None for a single value) of one figure over the seeds."""
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else None,
+            "n": len(values)}
+
+
+def _figures(r: ComparisonRow) -> dict[str, float]:
+    m = r.metrics
+    out = {"exact_match": m.exact_match, "type_kappa": m.type_kappa,
+           "exact_match_non_terminate": m.exact_match_non_terminate,
+           "predicted_terminate": (m.predicted_mix or {}).get("terminate", 0.0)}
+    if r.vs_reference is not None:
+        out["minus_sft"] = r.vs_reference["exact_match"].value
+    if r.vs_best_baseline is not None:
+        out["minus_best_baseline"] = r.vs_best_baseline["exact_match"].value
+    return out
+
+
+def aggregate(comparisons: Mapping[int, Comparison]) -> dict[str, dict[str, Any]]:
+    """Per row name (models and baselines, in order of first appearance): label, kind, per seed its figures and
+    session-resampled intervals, and `summary`: each figure's mean and SD over the seeds that have the row."""
+    out: dict[str, dict[str, Any]] = {}
+    for k, c in comparisons.items():
+        for r in c.rows:
+            entry = out.setdefault(r.name or r.label, {"label": r.label, "kind": r.kind, "per_seed": {},
+                                                       "intervals": {}})
+            entry["per_seed"][k] = _figures(r)
+            entry["intervals"][k] = {m: iv.to_dict() for m, iv in r.intervals.items()}
+    for entry in out.values():
+        keys = dict.fromkeys(key for figures in entry["per_seed"].values() for key in figures)
+        entry["summary"] = {key: mean_sd([f[key] for f in entry["per_seed"].values() if key in f]) for key in keys}
+    return out
+
+
+def paired(c: Comparison) -> dict[str, Any]:
+    """One seed's paired differences in exact match (sessions resampled): Shop-R1 and SFT against that seed's best
+    baseline, Shop-R1 against SFT; rows not evaluated are None."""
+    rows = {r.name: r for r in c.rows}
+    shop, sft = rows.get("shop_r1"), rows.get("sft")
+    exact = lambda ivs: ivs["exact_match"].to_dict() if ivs is not None else None  # noqa: E731
+    return {"best_baseline": c.best_baseline,
+            "best_baseline_exact": c.row(c.best_baseline).metrics.exact_match if c.best_baseline else None,
+            "shop_r1_minus_sft": exact(shop.vs_reference) if shop else None,
+            "shop_r1_minus_best_baseline": exact(shop.vs_best_baseline) if shop else None,
+            "sft_minus_best_baseline": exact(sft.vs_best_baseline) if sft else None}
+
+
+def oracle(ws: Path) -> float | None:
+    """Exact match of the profiled shop's own policy read off each test prompt (the ceiling, 1 - noise in
+    expectation); None where the prompts hold no profile (data.synth_version=1, data.persona=false, a sessions
+    file) or the workspace has no data yet."""
+    from shop_r1.config import load_config
+
+    path, test = ws / "config.yaml", ws / "data" / "rl_test.jsonl"
+    if not (path.exists() and test.exists()):
+        return None
+    cfg = load_config(path)
+    if cfg.data.sessions_path or cfg.data.synth_version != 2 or not cfg.data.persona:
+        return None
+    from shop_r1.data.examples import load_rl_examples
+    from shop_r1.data.synth.policy import oracle_exact
+
+    return oracle_exact(load_rl_examples(test))
+
+
+def _ms(s: Mapping[str, Any] | None, scale: float = 100, digits: int = 2, sign: str = "") -> str:
+    if s is None:
+        return "-"
+    sd = "" if s["sd"] is None else f" ± {scale * s['sd']:.{digits}f}"
+    return f"{scale * s['mean']:{sign}.{digits}f}{sd}"
+
+
+def _iv(d: Mapping[str, float] | None, scale: float = 100, sign: str = "") -> str:
+    if d is None:
+        return "-"
+    return f"{scale * d['value']:{sign}.2f} [{scale * d['low']:{sign}.1f}, {scale * d['high']:{sign}.1f}]"
+
+
+def _seed_tables(agg: dict[str, dict[str, Any]], rows: list, pairs: dict[int, dict], oracles: dict[int, float | None],
+                 paper: dict[str, str]) -> list[str]:
+    """The mean ± SD table (models in suite order, then the baselines) and the per-seed paired table."""
+    order = [r.name for r in rows if r.name in agg] + [n for n, e in agg.items() if e["kind"] == "baseline"]
+    head = ["Setting", "Exact %", "kappa", "Exact non-term. %", "Pred. terminate %", "vs SFT (pp)",
+            "vs best baseline (pp)", "Exact % per seed [95% CI]", "seeds", "Paper: exact / type acc. / F1 %"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in order:
+        e, s = agg[name], agg[name]["summary"]
+        label = e["label"] if e["kind"] == "model" else f"*{e['label']}* (baseline)"
+        per_seed = "; ".join(f"s{k}: {_iv(iv['exact_match'])}" for k, iv in e["intervals"].items())
+        lines.append("| " + " | ".join([
+            label, _ms(s["exact_match"]), _ms(s["type_kappa"], 1, 3, "+"), _ms(s["exact_match_non_terminate"]),
+            _ms(s["predicted_terminate"]), _ms(s.get("minus_sft"), sign="+"),
+            _ms(s.get("minus_best_baseline"), sign="+"), per_seed, str(s["exact_match"]["n"]),
+            paper.get(e["label"], "-")]) + " |")
+    head2 = ["Seed", "Shop-R1 − SFT (pp) [95% CI]", "best baseline (exact %)", "Shop-R1 − best baseline (pp)",
+             "SFT − best baseline (pp)", "Oracle ceiling %"]
+    lines += ["", "Paired differences in exact match per seed (sessions resampled; above 0: the first is better); the "
+              "oracle is the shop's own policy read off each test prompt.", "",
+              "| " + " | ".join(head2) + " |", "|" + "---|" * len(head2)]
+    for k, p in pairs.items():
+        best = f"{p['best_baseline']} ({100 * p['best_baseline_exact']:.2f})" if p["best_baseline"] else "-"
+        lines.append("| " + " | ".join([
+            str(k), _iv(p["shop_r1_minus_sft"], sign="+"), best, _iv(p["shop_r1_minus_best_baseline"], sign="+"),
+            _iv(p["sft_minus_best_baseline"], sign="+"),
+            f"{100 * oracles[k]:.2f}" if oracles.get(k) is not None else "-"]) + " |")
+    known = [v for v in oracles.values() if v is not None]
+    if len(pairs) > 1:
+        lines.append(f"| mean ± SD | {_mean_of(pairs, 'shop_r1_minus_sft')} | | "
+                     f"{_mean_of(pairs, 'shop_r1_minus_best_baseline')} | {_mean_of(pairs, 'sft_minus_best_baseline')}"
+                     f" | {_ms(mean_sd(known)) if known else '-'} |")
+    return lines
+
+
+def _mean_of(pairs: dict[int, dict], key: str) -> str:
+    values = [p[key]["value"] for p in pairs.values() if p[key] is not None]
+    return _ms(mean_sd(values), sign="+") if values else "-"
+
+
+def _temperature_plot_seeds(rows: list, agg: dict[str, dict[str, Any]], base_temperature: float, out: Path
+                            ) -> list[str]:
+    """Figure 2's axes over seeds: exact match, exact on non-terminate targets, predicted terminates and kappa
+    (mean ± SD) against the RL sampling temperature; SFT's means dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = []
+    for r in rows:
+        temps = [float(o.split("=", 1)[1]) for o in (r.rl_overrides or ()) if o.startswith("rollout.temperature=")]
+        temps = temps or ([base_temperature] if r.name == "shop_r1" else [])
+        if temps and r.name in agg:
+            points.append((temps[0], agg[r.name]["summary"]))
+    if not points:
+        return []
+    points.sort(key=lambda p: p[0])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, keys, scale in ((axes[0], ("exact_match", "exact_match_non_terminate", "predicted_terminate"), 100),
+                            (axes[1], ("type_kappa",), 1)):
+        for key in keys:
+            line = ax.errorbar([t for t, _ in points], [scale * s[key]["mean"] for _, s in points],
+                               yerr=[scale * (s[key]["sd"] or 0.0) for _, s in points], marker="o", capsize=3,
+                               label=key)
+            if "sft" in agg:
+                ax.axhline(scale * agg["sft"]["summary"][key]["mean"], ls="--", lw=0.8, color=line[0].get_color())
+        ax.set_xlabel("RL sampling temperature")
+    axes[0].set_ylabel("% on the test split (mean ± SD over seeds)")
+    axes[1].set_ylabel("Cohen's kappa of the action type")
+    axes[0].set_title("Shop-R1 vs RL sampling temperature (dashed: SFT)")
+    return [_save(fig, axes, out / "temperature.png", legend_size=8)]
+
+
+def _seed_record(ws: Path, rows: list, c: Comparison | None) -> dict[str, Any]:
+    stats = json.loads((ws / "data" / "stats.json").read_text()) if (ws / "data" / "stats.json").exists() else {}
+    cont = ws / "sft_continued" / "hf" / "done.json"
+    done = {x.label for x in c.rows} if c is not None else set()
+    return {"workspace": str(ws), "comparison": c.to_dict() if c is not None else None,
+            "results": {r.name: _row_result(ws, r, c) for r in rows if c is not None and r.label in done},
+            "not_run": [r.label for r in rows if r.label not in done], "oracle_exact": oracle(ws),
+            "stage_seconds": json.loads((ws / "stage_seconds.json").read_text())
+            if (ws / "stage_seconds.json").exists() else {},
+            "sft_continued": json.loads(cont.read_text()) if cont.exists() else None,
+            "data": {k: stats.get(k) for k in ("rl_train", "rl_test", "num_rl_val", "num_rl_test_over_budget")}}
+
+
+def summarize_seeds(suite_name: str, suite: Any, workspaces: Mapping[int, Path], results_root: Path) -> Path:
+    """A v2 suite over its seed workspaces: each seed's own comparison (models and baselines, intervals, paired
+    differences), the mean ± SD over seeds, the per-seed paired table with the oracle ceiling, predictions/<seed>/,
+    and the plots (exact vs terminate over every seed's rows; per seed the GRPO runs' reward, mix and validation)."""
+    from shop_r1.config import load_config
+
+    out = results_root / _machine_name() / suite_name
+    out.mkdir(parents=True, exist_ok=True)
+    rows = list(suite.rows)
+    comparisons: dict[int, Comparison] = {}
+    per_seed: dict[int, dict[str, Any]] = {}
+    plots: list[str] = []
+    for k, ws in workspaces.items():
+        settings = _settings(ws, rows)
+        c = compare(settings, reference="SFT") if settings else None
+        per_seed[k] = _seed_record(ws, rows, c)
+        if c is not None:
+            comparisons[k] = c
+            _write_predictions(settings, out / "predictions" / str(k))
+            plots += _plots(ws, rows, out, suffix=f"_seed{k}")
+    agg = aggregate(comparisons)
+    pairs = {k: paired(c) for k, c in comparisons.items()}
+    oracles = {k: per_seed[k]["oracle_exact"] for k in workspaces}
+    configs = [ws / "config.yaml" for ws in workspaces.values() if (ws / "config.yaml").exists()]
+    if configs:
+        shutil.copy(configs[0], out / "config.yaml")
+        if suite_name == "v2_fig2":
+            plots += _temperature_plot_seeds(rows, agg, load_config(configs[0]).rollout.temperature, out)
+    points = [p for k, c in comparisons.items() for p in plot_points(f"seed {k}", c)]
+    if (p := plot_exact_vs_terminate(points, out / "exact_vs_terminate.png")) is not None:
+        plots.insert(0, p.name)
+    payload = {"suite": suite_name, "machine": MACHINE_NOTE, "seeds": list(workspaces),
+               "rows": {r.name: r.label for r in rows}, "notes": list(suite.notes), "aggregate": agg,
+               "paired": pairs, "oracle_exact": oracles, "per_seed": per_seed}
+    (out / "results.json").write_text(json.dumps(payload, indent=2))
+    md = [f"# {suite_name} on {MACHINE_NOTE}", "",
+          f"Seeds {', '.join(map(str, workspaces))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
+          "SFT and RL). Test split per seed: " + "; ".join(
+              f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "
+          "Mean ± SD over the seeds (SD with n - 1); baselines (in italics) are fitted on each seed's training "
+          "split and scored on its test split; 'vs' columns: paired differences in exact match, points.", "",
+          *(_seed_tables(agg, rows, pairs, oracles, _paper(rows, "")) if agg else ["No row evaluated yet."]), "",
+          *[f"- {n}" for n in suite.notes],
+          *[f"- not run yet, seed {k}: {', '.join(r['not_run'])}" for k, r in per_seed.items() if r["not_run"]], ""]
+    for k, c in comparisons.items():
+        rec = per_seed[k]
+        cont = rec["sft_continued"]
+        md += [f"## Seed {k}", "", *comparison_markdown(c, _paper(rows, "")), "",
+               *([f"SFT continued: {cont['steps']} more SFT steps = floor({cont['plan']['rl_seconds']:.0f} s of "
+                  f"Shop-R1 GRPO / {cont['plan']['seconds_per_step']:.2f} s per SFT step).", ""] if cont else []),
+               "Stage times (s): " + ", ".join(f"{n} {v:.0f}" for n, v in rec["stage_seconds"].items()), ""]
+    md += ["Per-example predictions behind every row: `predictions/<seed>/<row>.jsonl.gz`.", "",
+           *[f"![{p}]({p})" for p in plots]]
+    (out / "table.md").write_text("\n".join(md) + "\n")
+    return out
+
+
 def plot_all(machine_dir: Path) -> Path | None:
     """Exact match vs predicted terminates for every row of every table under `machine_dir` (each suite's
-    results.json with a `comparison`; older files without one are skipped and named)."""
+    results.json with a `comparison`, or per seed for the v2 suites; older files without one are skipped and
+    named)."""
     points, skipped = [], []
     for path in sorted(machine_dir.glob("*/results.json")):
-        comparison = json.loads(path.read_text()).get("comparison")
-        if comparison:
-            points += plot_points(path.parent.name, comparison)
-        else:
+        saved = json.loads(path.read_text())
+        tables = [saved["comparison"]] if saved.get("comparison") else \
+            [s["comparison"] for s in (saved.get("per_seed") or {}).values() if s.get("comparison")]
+        points += [p for t in tables for p in plot_points(path.parent.name, t)]
+        if not tables:
             skipped.append(path.parent.name)
     if skipped:
         print(f"plot_all: no comparison (re-run summarize) in: {', '.join(skipped)}", flush=True)
@@ -256,15 +505,23 @@ def plot_all(machine_dir: Path) -> Path | None:
 if __name__ == "__main__":
     import argparse
 
-    from experiments.run import SUITES
+    from experiments.run import SUITES, V2_SEEDS, V2_SUITES, seed_workspace, v2_suite
+    from shop_r1.config import load_config
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("suite", nargs="?", choices=sorted(SUITES))
+    parser.add_argument("suite", nargs="?", choices=[*sorted(SUITES), *V2_SUITES])
     parser.add_argument("--root", default=str(ROOT / "runs" / "experiments"))
     parser.add_argument("--results", default=str(ROOT / "experiments" / "results"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(V2_SEEDS), help="v2 suites: the seeds to read")
     parser.add_argument("--plot-all", action="store_true", help="plot every row of every table of this machine")
     args = parser.parse_args()
-    if args.suite:
+    if args.suite in V2_SUITES:
+        wss = {k: seed_workspace(Path(args.root), k) for k in args.seeds}
+        made = [w / "config.yaml" for w in wss.values() if (w / "config.yaml").exists()]
+        if not made:
+            parser.error(f"no v2 workspace under {args.root}/v2 for seeds {args.seeds}")
+        print(summarize_seeds(args.suite, v2_suite(args.suite, load_config(made[0])), wss, Path(args.results)))
+    elif args.suite:
         s = SUITES[args.suite]
         print(summarize(args.suite, s, Path(args.root) / s.workspace if s.workspace else Path(args.root),
                         Path(args.results)))

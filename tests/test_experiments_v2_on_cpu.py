@@ -1,0 +1,303 @@
+"""The v2 experiment suites (issue 21, section 5): their rows, the "SFT continued" arithmetic and wiring, sft.max_steps,
+and the multi-seed summary (mean ± SD, paired differences, oracle, predictions, plots) on fake workspaces. Nothing
+here trains: the learner, run_sft and every model are fakes or absent."""
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import experiments.run as run
+import experiments.summarize as summarize
+from shop_r1.config import ConfigError, load_config, save_config
+from shop_r1.data.examples import build_rl_examples, load_rl_examples, write_examples_jsonl
+from shop_r1.learner.sft_data import SFTSequence, TokenizedSFT
+from tests.test_comparison_on_cpu import (
+    ADD,
+    CHECKOUT,
+    PNG_MAGIC,
+    SFT_RESPONSES,
+    SHOP_R1_RESPONSES,
+    VIEW,
+    T,
+    _data,
+    _r,
+    _write_eval,
+)
+
+SQRT2 = 2 ** 0.5
+
+
+def _base(*overrides: str):
+    return load_config(None, [*run.V2_FORCED, *overrides])
+
+
+def _names(suite) -> list[str]:
+    return [r.name for r in suite.rows]
+
+
+# ---------------------------------------------------------------------------------------------- suites
+
+
+def test_v2_table2_rows():
+    suite = run.v2_suite("v2_table2", _base())
+    assert _names(suite) == ["zero_shot", "sft", "sft_continued", "sft_rl_binary", "shop_r1"]
+    assert [r.model for r in suite.rows] == ["base", "sft", "sft_continued", "rl", "rl"]
+    assert suite.workspace == "v2" and suite.notes == ()
+
+
+def test_v2_table4_measures_each_switch_against_the_base():
+    suite = run.v2_suite("v2_table4", _base())
+    assert _names(suite) == ["sft", "no_format_reward", "no_rationale_reward", "no_reward_scale",
+                             "binary_action_reward", "click_guard_true", "self_certainty_breaks_ties_false",
+                             "scale_rewards_none", "shop_r1"]
+    assert suite.rows[5].rl_overrides == ("reward.click_guard=true",) and suite.notes == ()
+    # A main job that adopted two switches: their rows measure leaving them, and say so.
+    tuned = run.v2_suite("v2_table4", _base("reward.click_guard=true", "rl.scale_rewards=none"))
+    assert _names(tuned)[5:8] == ["click_guard_false", "self_certainty_breaks_ties_false", "scale_rewards_group"]
+    assert tuned.rows[7].label == "Shop-R1, rl.scale_rewards=group"
+    assert len(tuned.notes) == 2 and "reward.click_guard=true" in tuned.notes[0]
+    # An ablation the base config already has would repeat the Shop-R1 run: left out, with a note.
+    no_format = run.v2_suite("v2_table4", _base("reward.format_reward=false"))
+    assert "no_format_reward" not in _names(no_format) and "left out" in no_format.notes[0]
+
+
+def test_v2_fig2_reuses_the_shop_r1_run_at_the_base_temperature():
+    suite = run.v2_suite("v2_fig2", _base("rollout.temperature=0.6"))
+    assert _names(suite) == ["sft", "temperature_0.2", "temperature_0.4", "shop_r1", "temperature_0.8",
+                             "temperature_1.0"]
+    assert suite.rows[3].label == "Shop-R1, T=0.6" and suite.rows[3].rl_overrides == ()
+    off_grid = run.v2_suite("v2_fig2", _base("rollout.temperature=0.7"))
+    assert _names(off_grid) == ["sft", *(f"temperature_{t}" for t in run.TEMPERATURES), "shop_r1"]
+    assert off_grid.rows[-1].label == "Shop-R1, T=0.7 (base config)"
+    with pytest.raises(KeyError, match="v2_table9"):
+        run.v2_suite("v2_table9", _base())
+
+
+def test_v2_base_config_forces_the_new_shop_and_the_test_split_and_refuses_seed_overrides():
+    cfg = run.v2_base_config(run.V2_BASE_CONFIG, ["rl.steps=3"])
+    assert (cfg.data.synth_version, cfg.eval.split, cfg.logging.wandb, cfg.rl.steps) == (2, "test", False, 3)
+    for bad in ("seed=3", "data.synth_seed=3", "eval.split=val"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            run.v2_base_config(run.V2_BASE_CONFIG, [bad])
+
+
+def test_seed_workspaces_refuse_another_config(tmp_path):
+    base = _base(f"run_dir={tmp_path / 'scratch'}")
+    ws = run.open_seed_workspace(base, tmp_path, 2)
+    assert ws.root == tmp_path / "v2" / "seed2" and (ws.cfg.seed, ws.cfg.data.synth_seed) == (2, 2)
+    assert load_config(ws.root / "config.yaml") == ws.cfg
+    # Same settings (only what cannot change a result differs): reopened. Another setting: refused, named.
+    run.open_seed_workspace(load_config(None, [*run.V2_FORCED, f"run_dir={tmp_path / 'x'}", "logging.console_every=5"]),
+                            tmp_path, 2)
+    with pytest.raises(ConfigError, match=r"rl\.steps: 500 -> 7"):
+        run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}", "rl.steps=7"), tmp_path, 2)
+
+
+def test_command_line():
+    args = run.parser().parse_intermixed_args(["v2_table2", "rl.steps=3", "--seeds", "0", "1"])
+    assert (args.suite, args.seeds, args.overrides) == ("v2_table2", [0, 1], ["rl.steps=3"])
+    with pytest.raises(SystemExit):
+        run.main(["table2", "--seeds", "1"])  # refused before anything runs
+
+
+# ---------------------------------------------------------------------------------------------- SFT continued
+
+
+def test_continued_sft_steps_fill_the_rl_stage_time():
+    # The main job's stage times: SFT 832 s over 163 steps (5.104 s a step), GRPO 134 s -> 134 / 5.104 = 26.25 -> 26.
+    plan = run.continued_sft_plan(832.0, 163, 134.0)
+    assert plan.steps == 26 and plan.seconds_per_step == pytest.approx(5.1043, abs=1e-4)
+    assert run.continued_sft_plan(100.0, 10, 50.0).steps == 5  # exactly 5 steps of 10 s
+    assert run.continued_sft_plan(100.0, 10, 3.0).steps == 1  # shorter than a step: still one
+    with pytest.raises(ValueError, match="positive"):
+        run.continued_sft_plan(0.0, 10, 50.0)
+
+
+def test_continued_sft_stage_reads_the_stage_times_and_caps_sft(tmp_path, monkeypatch):
+    import shop_r1.sft
+
+    ws_root = tmp_path / "ws"
+    for marker, info in (("data/stats.json", {}), ("sft/hf/done.json", {"steps": 163, "seconds": 900.0}),
+                         ("rl/shop_r1/done.json", {"steps": 50, "seconds": 120.0, "resumed": False})):
+        (ws_root / marker).parent.mkdir(parents=True, exist_ok=True)
+        (ws_root / marker).write_text(json.dumps(info))
+    (ws_root / "stage_seconds.json").write_text(json.dumps({"sft": 832.0, "rl/shop_r1": 134.0}))
+    seen = {}
+
+    def fake_sft(cfg, model_path, examples, out_dir, local):
+        seen.update(max_steps=cfg.sft.max_steps, model=model_path, run_dir=cfg.run_dir)
+        return SimpleNamespace(num_steps=cfg.sft.max_steps, first_loss=1.0, last_loss=0.5, seconds=130.0)
+
+    monkeypatch.setattr(shop_r1.sft, "run_sft", fake_sft)
+    ws = run.Workspace(_base(f"run_dir={ws_root}"), ws_root)
+    assert ws.sft_continued(local=True) == str(ws_root / "sft_continued" / "hf")
+    # The driver's stage times win over the markers' own seconds (832 / 163 s a step, 134 s of GRPO -> 26).
+    assert seen == {"max_steps": 26, "model": str(ws_root / "sft" / "hf"), "run_dir": str(ws_root / "sft_continued")}
+    done = json.loads((ws_root / "sft_continued" / "hf" / "done.json").read_text())
+    assert done["steps"] == 26 and done["plan"]["rl_seconds"] == 134.0
+    assert "sft_continued" in json.loads((ws_root / "stage_seconds.json").read_text())
+    seen.clear()
+    ws.sft_continued(local=True)  # done: never redone
+    assert seen == {}
+
+
+def test_rows_run_in_order_with_sft_continued_after_the_rl_rows():
+    calls = []
+    fake = SimpleNamespace(model=lambda row, local: calls.append(row.name) or row.name,
+                           evaluate=lambda row, model, local: None)
+    run._run_rows("t", run.v2_suite("v2_table2", _base()).rows, fake, True)
+    assert calls == ["zero_shot", "sft", "sft_rl_binary", "shop_r1", "sft_continued"]
+
+
+@pytest.mark.parametrize("overrides, steps, epochs", [
+    ((), 6, [0, 0, 0, 1, 1, 1]),                          # 2 epochs of ceil(5 / 2) = 3 steps
+    (("sft.max_steps=7",), 7, [0, 0, 0, 1, 1, 1, 2]),     # past sft.epochs: a third pass, cut after one step
+    (("sft.max_steps=2",), 2, [0, 0]),                    # inside the first epoch
+])
+def test_run_sft_max_steps(tmp_path, monkeypatch, overrides, steps, epochs):
+    import shop_r1.data.examples
+    import shop_r1.learner.sft_data
+    import shop_r1.sft
+
+    made = []
+
+    class FakeGroup:
+        def __init__(self, model_path, learner, lr, total_steps, seed, local, warmup_steps):
+            made.append((total_steps, warmup_steps))
+            self.lr = lr
+
+        def sft_step(self, per_rank, num_tokens):
+            return [SimpleNamespace(loss=1.0, grad_norm=0.0, lr=self.lr)]
+
+        def save_hf(self, path):
+            pass
+
+        def save_checkpoint(self, path, state):
+            made.append(state)
+
+        def shutdown(self):
+            pass
+
+    seqs = tuple(SFTSequence(f"s{i}", (1, 2, 3), (0, 1, 1)) for i in range(5))
+    monkeypatch.setitem(sys.modules, "transformers",
+                        SimpleNamespace(AutoTokenizer=SimpleNamespace(from_pretrained=lambda p: SimpleNamespace(
+                            pad_token_id=0))))
+    monkeypatch.setattr(shop_r1.data.examples, "load_sft_examples", lambda path: [])
+    monkeypatch.setattr(shop_r1.learner.sft_data, "tokenize_sft_examples", lambda ex, tok, n: TokenizedSFT(seqs, 0))
+    monkeypatch.setattr(shop_r1.sft, "LearnerGroup", FakeGroup)
+    cfg = load_config(None, [f"run_dir={tmp_path}", "sft.global_batch_size=2", "sft.epochs=2", "sft.warmup_ratio=0.2",
+                             "logging.wandb=false", "logging.console_every=0", *overrides])
+    result = shop_r1.sft.run_sft(cfg, "model", "x.jsonl", tmp_path / "sft", local=True)
+    assert result.num_steps == steps
+    assert made[0] == (steps, round(0.2 * steps))  # the schedule (warmup) spans the steps that run
+    logged = [json.loads(line) for line in (tmp_path / "metrics_sft.jsonl").read_text().splitlines()]
+    assert [r["sft/epoch"] for r in logged] == epochs
+
+
+# ---------------------------------------------------------------------------------------------- summary over seeds
+
+# Seed 0: SFT right on view + terminate (1/2), Shop-R1 always terminate (1/4).
+# Seed 1: SFT right on view, add, terminate (3/4), Shop-R1 right everywhere (1).
+SEED1_SFT = [_r(VIEW), _r(ADD), _r(T), _r(T)]
+SEED1_SHOP = [_r(VIEW), _r(ADD), _r(CHECKOUT), _r(T)]
+SUITE = run.Suite((run.SFT_ROW, run.SFT_CONTINUED, run.SHOP_R1), workspace="v2", notes=("a note",))
+
+
+def _grpo_log(ws: Path) -> None:
+    """Step 0 holds only val/* (rl.val_every > 0); step 1 is logged twice (a resumed run: the last one counts)."""
+    train = {"reward/total": 1.0, "reward/format": 0.5, "reward/action_type": 0.2, "reward/attribute": 0.1,
+             **{f"rollout/type_{k}": 0.25 for k in ("click", "type_and_submit", "terminate", "invalid")}}
+    records = [{"step": 0, "val/exact": 0.1, "val/pred_terminate": 0.5}, {"step": 1, **train, "reward/total": 9.0},
+               {"step": 1, **train}, {"step": 2, **train, "val/exact": 0.3, "val/pred_terminate": 0.4}]
+    (ws / "rl" / "shop_r1").mkdir(parents=True)
+    (ws / "rl" / "shop_r1" / "metrics_grpo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _seed_workspaces(tmp_path: Path) -> dict[int, Path]:
+    out = {}
+    for k, (sft, shop) in enumerate(((SFT_RESPONSES, SHOP_R1_RESPONSES), (SEED1_SFT, SEED1_SHOP))):
+        ws = run.seed_workspace(tmp_path / "root", k)
+        _data(ws / "data")
+        _write_eval(ws / "eval" / "sft", "SFT", sft)
+        _write_eval(ws / "eval" / "sft_continued", "SFT continued", sft)
+        _write_eval(ws / "eval" / "shop_r1", "SFT + Shop-R1", shop)
+        (ws / "stage_seconds.json").write_text(json.dumps({"sft": 832.0, "rl/shop_r1": 134.0}))
+        (ws / "sft_continued" / "hf").mkdir(parents=True)
+        (ws / "sft_continued" / "hf" / "done.json").write_text(json.dumps(
+            {"steps": 26, "plan": {"rl_seconds": 134.0, "seconds_per_step": 5.1043}}))
+        _grpo_log(ws)
+        out[k] = ws
+    out[2] = run.seed_workspace(tmp_path / "root", 2)  # not started: listed, not averaged
+    return out
+
+
+def test_rl_log_keeps_the_last_record_of_each_step(tmp_path):
+    _grpo_log(tmp_path)
+    log = summarize._rl_log(tmp_path, "shop_r1")
+    assert [r["step"] for r in log] == [0, 1, 2] and log[1]["reward/total"] == 1.0
+
+
+def test_summarize_seeds_mean_sd_paired_predictions_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
+    out = summarize.summarize_seeds("v2_table2", SUITE, _seed_workspaces(tmp_path), tmp_path / "results")
+    saved = json.loads((out / "results.json").read_text())
+    shop, sft = saved["aggregate"]["shop_r1"]["summary"], saved["aggregate"]["sft"]["summary"]
+    # Two seeds: the sample SD of {a, b} is |a - b| / sqrt(2).
+    assert shop["exact_match"] == pytest.approx({"mean": 0.625, "sd": 0.75 / SQRT2, "n": 2})
+    assert sft["exact_match"] == pytest.approx({"mean": 0.625, "sd": 0.25 / SQRT2, "n": 2})
+    assert shop["predicted_terminate"] == pytest.approx({"mean": 0.625, "sd": 0.75 / SQRT2, "n": 2})
+    assert shop["exact_match_non_terminate"] == pytest.approx({"mean": 0.5, "sd": 1 / SQRT2, "n": 2})  # 0/3, 3/3
+    # kappa: Shop-R1 0 (constant) and 1 (perfect); SFT 0.2 (p_o 1/2, p_e 3/8) and 0.5 (p_o 3/4, p_e 8/16).
+    assert shop["type_kappa"]["mean"] == pytest.approx(0.5) and sft["type_kappa"]["mean"] == pytest.approx(0.35)
+    assert shop["minus_sft"] == pytest.approx({"mean": 0.0, "sd": 0.5 / SQRT2, "n": 2})  # -0.25, +0.25
+    always = saved["aggregate"]["always_terminate"]
+    assert always["kind"] == "baseline" and always["summary"]["exact_match"] == pytest.approx(
+        {"mean": 0.25, "sd": 0.0, "n": 2})
+    pair = saved["paired"]["1"]
+    best = pair["best_baseline_exact"]
+    assert pair["shop_r1_minus_best_baseline"]["value"] == pytest.approx(1.0 - best)
+    assert pair["shop_r1_minus_sft"]["value"] == pytest.approx(0.25)
+    assert saved["per_seed"]["2"]["not_run"] == ["SFT", "SFT continued (RL's wall time)", "SFT + Shop-R1"]
+    assert saved["oracle_exact"] == {"0": None, "1": None, "2": None}  # no config.yaml: no profile known
+    table = (out / "table.md").read_text()
+    assert "| SFT + Shop-R1 | 62.50 ± 53.03 | +0.500 ± 0.707 |" in table
+    assert "*Always terminate* (baseline)" in table and "s0: 25.00 [" in table and "## Seed 1" in table
+    assert "SFT continued: 26 more SFT steps = floor(134 s" in table and "- a note" in table
+    assert "not run yet, seed 2" in table and "| mean ± SD | +0.00 ± 35.36 |" in table
+    for k in (0, 1):
+        assert sorted(p.name for p in (out / "predictions" / str(k)).iterdir()) == [
+            "always_terminate.jsonl.gz", "majority_type.jsonl.gz", "sft.jsonl.gz", "sft_continued.jsonl.gz",
+            "shop_r1.jsonl.gz", "visible_rule.jsonl.gz"]
+    for png in ("exact_vs_terminate.png", "reward_seed0.png", "action_mix_seed1.png", "validation_seed0.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC, png
+    everything = summarize.plot_all(tmp_path / "results" / "box")  # v2 results.json: points from every seed
+    assert everything is not None and everything.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_fig2_over_seeds_plots_the_temperatures(tmp_path, monkeypatch):
+    monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
+    wss = _seed_workspaces(tmp_path)
+    save_config(_base("rollout.temperature=0.6", "data.persona=false"), wss[0] / "config.yaml")  # no profile
+    out = summarize.summarize_seeds("v2_fig2", run.v2_suite("v2_fig2", _base("rollout.temperature=0.6")), wss,
+                                    tmp_path / "results")
+    assert (out / "temperature.png").read_bytes()[:8] == PNG_MAGIC
+    assert "Shop-R1, T=0.6" in (out / "table.md").read_text()
+
+
+def test_oracle_ceiling_of_a_profiled_workspace(tmp_path):
+    from shop_r1.data.synth import synthesize_sessions
+    from shop_r1.data.synth.policy import oracle_exact
+
+    ws = tmp_path / "ws"
+    sessions = synthesize_sessions(6, 0, 2, 0.0)  # no noise: the policy is every step
+    examples = build_rl_examples(sessions, "latest_step", 10 ** 6, lambda msgs: 0, persona=True).examples
+    (ws / "data").mkdir(parents=True)
+    write_examples_jsonl(examples, ws / "data" / "rl_test.jsonl")
+    assert summarize.oracle(ws) is None  # no config: not known to be the profiled shop
+    save_config(load_config(None, ["data.synth_version=2", "data.persona=true"]), ws / "config.yaml")
+    assert summarize.oracle(ws) == oracle_exact(load_rl_examples(ws / "data" / "rl_test.jsonl")) == 1.0
+    save_config(load_config(None, ["data.synth_version=2", "data.persona=false"]), ws / "config.yaml")
+    assert summarize.oracle(ws) is None
