@@ -219,6 +219,8 @@ class SFTConfig:
     Range: >= 1."""
     warmup_ratio: float = 0.0
     """Share of the optimizer steps spent warming the learning rate up from 0. Range: in [0, 1)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warmup: `constant` (the paper states no decay) or `cosine` down to 10% of `lr` on the last step."""
     max_steps: int = 0
     """If > 0, run exactly this many optimizer steps instead of `epochs` passes (the data is passed over as many times
     as needed, reshuffled each pass, as HF Trainer's max_steps; warmup_ratio applies to these steps). 0: `epochs`

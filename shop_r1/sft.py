@@ -55,7 +55,7 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s) (the first run on a machine builds "
           "DeepSpeed's CPU communication op: about a minute)", flush=True)
     group = LearnerGroup(model_path, cfg.learner, cfg.sft.lr, total_steps, cfg.seed, local=local,
-                         warmup_steps=round(cfg.sft.warmup_ratio * total_steps))
+                         warmup_steps=round(cfg.sft.warmup_ratio * total_steps), lr_schedule=cfg.sft.lr_schedule)
     tracker = Tracker(cfg.run_dir, cfg.logging, "sft", config_to_dict(cfg), total_steps=total_steps)
     losses: list[float] = []
     step = 0

@@ -165,7 +165,7 @@ def test_run_sft_max_steps(tmp_path, monkeypatch, overrides, steps, epochs):
     made = []
 
     class FakeGroup:
-        def __init__(self, model_path, learner, lr, total_steps, seed, local, warmup_steps):
+        def __init__(self, model_path, learner, lr, total_steps, seed, local, warmup_steps, lr_schedule="constant"):
             made.append((total_steps, warmup_steps))
             self.lr = lr
 

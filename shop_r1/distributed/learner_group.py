@@ -35,7 +35,8 @@ class RendezvousStore:
 
 class LearnerGroup:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, seed: int, local: bool,
-                 warmup_steps: int = 0, reference_path: str | None = None, learner_cls: type | None = None) -> None:
+                 warmup_steps: int = 0, reference_path: str | None = None, learner_cls: type | None = None,
+                 lr_schedule: str = "constant") -> None:
         if learner_cls is None:
             from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
         self.world_size = cfg.num_ranks
@@ -44,7 +45,8 @@ class LearnerGroup:
             if cfg.num_ranks != 1:
                 raise ValueError(f"learner.num_ranks={cfg.num_ranks}: local mode runs one rank in-process")
             self.ranks = [spawn(learner_cls, model_path, cfg, lr, total_steps, rank=0, world_size=1, seed=seed,
-                                warmup_steps=warmup_steps, reference_path=reference_path, local=True)]
+                                warmup_steps=warmup_steps, reference_path=reference_path, lr_schedule=lr_schedule,
+                                local=True)]
             return
         import ray
         from ray.util.placement_group import placement_group
@@ -70,7 +72,8 @@ class LearnerGroup:
                             placement_group=self._pg, bundle_index=rank)
             self.ranks.append(spawn(learner_cls, model_path, cfg, lr, total_steps, rank=rank,
                                     world_size=cfg.num_ranks, seed=seed, warmup_steps=warmup_steps,
-                                    reference_path=reference_path, local=False, resources=res))
+                                    reference_path=reference_path, lr_schedule=lr_schedule, local=False,
+                                    resources=res))
 
     def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
         """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from shop_r1.algo.lr_schedule import lr_multiplier
 from shop_r1.config import LearnerConfig
 from shop_r1.learner.sft_data import MicroBatch
 from shop_r1.types import GRPOStepStats, SFTStepStats
@@ -77,8 +78,8 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
 
 class DeepSpeedLearner:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, warmup_steps: int = 0, reference_path: str | None = None
-                 ) -> None:
+                 world_size: int = 1, seed: int = 0, warmup_steps: int = 0, reference_path: str | None = None,
+                 lr_schedule: str = "constant") -> None:
         self.on_gpu = torch.cuda.is_available()
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.on_gpu else "cpu")
         self._rendezvous_store = _init_process_group(rank, world_size, "nccl" if self.on_gpu else "gloo")
@@ -94,9 +95,9 @@ class DeepSpeedLearner:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-        # Linear warmup over `warmup_steps`, then constant (the paper states no decay).
+        # Linear warmup over `warmup_steps`, then constant (the paper states no decay) or cosine (sft.lr_schedule).
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
+            optimizer, lambda step: lr_multiplier(step, total_steps, warmup_steps, lr_schedule))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=schedule, config=deepspeed_config(cfg, bf16))
         self.total_steps = total_steps

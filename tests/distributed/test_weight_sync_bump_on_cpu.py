@@ -27,7 +27,8 @@ class FakeEngine:
 
 
 class FakeLearner:
-    def __init__(self, model_path, cfg, lr, total_steps, rank, world_size, seed, warmup_steps, reference_path):
+    def __init__(self, model_path, cfg, lr, total_steps, rank, world_size, seed, warmup_steps, reference_path,
+                 lr_schedule="constant"):
         import torch
 
         self.weights = [("w", torch.ones(4))]
