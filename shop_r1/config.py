@@ -299,7 +299,8 @@ class RLConfig:
     """True (the paper): a group is zero-signal only when its *total* rewards all tie, so alpha * s(r), which always
     differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5
     after group-std scaling). False: a group whose format + action_type + attribute + value all tie is zero-signal
-    (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included."""
+    (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included.
+    A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties."""
     checkpoint_every: int = 50
     """Save a resumable checkpoint every this many steps (and at the end). Range: >= 1."""
     max_restarts: int = 2

@@ -131,13 +131,14 @@ def baseline_section(run_dir: Path, rows: Sequence[dict], out: Path) -> Baseline
                                     name=r["dir"]))
     if not settings:
         return None
-    test, train = run_dir / "data" / "rl_test.jsonl", training_file(run_dir / "data")
+    test, train = _held_out_file(run_dir / "data", settings[0].predictions.example_ids), training_file(run_dir / "data")
     notes = []
-    if test.exists() and train is not None:
+    if test is not None and train is not None:
         settings += baseline_settings(train, test)
-        notes.append(f"Baselines fitted on `data/{train.name}`, scored on `data/rl_test.jsonl`.")
+        notes.append(f"Baselines fitted on `data/{train.name}`, scored on `data/{test.name}`.")
     else:
-        notes.append("No baselines: the run folder has no data/rl_test.jsonl with a training file beside it.")
+        notes.append("No baselines: the run folder has no data/rl_test.jsonl or rl_val.jsonl holding the evaluated "
+                     "examples, with a training file beside it.")
     c = compare(settings)
     (out / "comparison.json").write_text(json.dumps(c.to_dict(), indent=2))
     plot = plot_exact_vs_terminate(points_of(run_dir.resolve().name, c), out / "exact_vs_terminate.png")
@@ -145,6 +146,18 @@ def baseline_section(run_dir: Path, rows: Sequence[dict], out: Path) -> Baseline
     if plot is not None:
         md += [f"![{plot.stem}]({plot.name})", ""]
     return BaselineSection(tuple(md), c, plot)
+
+
+def _held_out_file(data_dir: Path, example_ids: Sequence[str]) -> Path | None:
+    """The held-out examples the evaluations read: the test split, or the validation split (`eval.split=val`)."""
+    from shop_r1.data.jsonl import read_jsonl_objects
+
+    wanted = set(example_ids)
+    for name in ("rl_test.jsonl", "rl_val.jsonl"):
+        path = data_dir / name
+        if path.exists() and wanted <= {obj.get("example_id") for _, obj in read_jsonl_objects(path)}:
+            return path
+    return None
 
 
 def grpo_summary(log: MetricsLog) -> list[str]:

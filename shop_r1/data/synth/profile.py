@@ -24,7 +24,8 @@ from shop_r1.data.prompts import PERSONA_HEADER
 from shop_r1.data.synth.catalog import CATEGORIES
 
 BUDGETS = (25, 50, 100, 200)
-"""Budgets are the upper ends of the shop's price refinements, so "under $B" is one refinement."""
+"""Budgets are the upper ends of the shop's price refinements: a shopper who uses filters picks the refinement that
+ends at the budget (e.g. "$50 to $100" for under $100), so they then see only that band."""
 MIN_RATINGS = (0.0, 3.5, 4.0, 4.3)
 PROFILE_HEADER = PERSONA_HEADER
 

@@ -18,7 +18,7 @@ import random
 
 from shop_r1.data.synth import pages
 from shop_r1.data.synth.catalog import Product, slug
-from shop_r1.data.synth.policy import decide, noise_alternatives, read_page
+from shop_r1.data.synth.policy import MAX_STEPS, decide, noise_alternatives, read_page
 from shop_r1.data.synth.profile import Profile, make_profile
 from shop_r1.data.synth.shopper import RESULTS_PER_PAGE, CatalogIndex
 from shop_r1.types import Action, Session, Step
@@ -85,7 +85,7 @@ class ProfiledShopper:
             view = read_page(html)
             decision = decide(self.profile, view, history)
             action, rationale = decision.action, decision.rationale
-            if steps and self.rng.random() < self.noise:
+            if steps and len(history) < MAX_STEPS and self.rng.random() < self.noise:  # MAX_STEPS is a hard stop
                 others = [a for a in noise_alternatives(self.profile, view, history) if a != action]
                 if others:
                     action = self.rng.choice(others)
