@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from shop_r1.data.jsonl import read_jsonl_objects
 from shop_r1.reward.action import exact_match
@@ -188,28 +187,11 @@ class Predictions:
                            tuple(self.targets[i] for i in idx))
 
 
-def _objects(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    if path.suffix != ".gz":
-        yield from read_jsonl_objects(path)
-        return
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            yield f"{path}:{lineno}", obj
-
-
 def load_predictions(path: str | Path) -> Predictions:
     """Lines {"example_id": str, "response": str, "target": {action}} (`.jsonl` or `.jsonl.gz`); the example id is
     required (the bootstrap resamples its session). A bad line is an error naming FILE:LINE."""
     ids, responses, targets = [], [], []
-    for where, obj in _objects(Path(path)):
+    for where, obj in read_jsonl_objects(Path(path)):
         if not isinstance(obj.get("example_id"), str):
             raise ValueError(f"{where}: example_id: expected a string field 'example_id'")
         if not isinstance(obj.get("response"), str):

@@ -25,8 +25,10 @@ class SourceRow:
 
 def read_jsonl(path: str | Path) -> Iterator[SourceRow]:
     """Every non-blank line, decoded on its own: a line that is not UTF-8 or not JSON is reported with its place
-    (the lines after it still load)."""
-    with open(path, "rb") as f:
+    (the lines after it still load). A `.gz` file is read through gzip."""
+    import gzip
+
+    with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as f:
         for lineno, raw in enumerate(f, 1):
             where, place = f"{path}:{lineno}", f"line {lineno}"
             try:
