@@ -32,6 +32,9 @@ class DyingEngine(VLLMEngine):
             else:
                 threading.Thread(target=lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGKILL)),
                                  daemon=True).start()
+                # The call must still be running when the kill lands: a tiny model's generate can finish in under
+                # 0.3 s, and then the engine died only after the run's last step (nothing to replace).
+                time.sleep(30)
         return super().generate(prompt_token_ids, spec)
 
 
