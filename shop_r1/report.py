@@ -224,6 +224,10 @@ def grpo_plots(log: MetricsLog, out: Path) -> list[Path]:
               {"train/kl": log.series("train/kl")}),
         _plot(out / "timing.png", "Time per stage", "GRPO step", "seconds",
               {s: log.series(f"timing/{s}") for s in STAGES}, stacked=True),
+        # rl.val_every: greedy answers on a fixed validation subset while training; a drift to a constant answer
+        # shows as pred_terminate (or another share) running away while exact and kappa stall.
+        _plot(out / "validation.png", "Validation subset during GRPO (greedy)", "GRPO step", "share",
+              {k: log.series(f"val/{k}") for k in ("exact", "kappa", "exact_non_terminate", "pred_terminate")}),
     ]
     return [p for p in made if p is not None]
 
