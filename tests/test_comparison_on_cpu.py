@@ -12,17 +12,13 @@ from shop_r1.evaluate import EvalReport, comparison_rows, comparison_table
 from shop_r1.metrics import Predictions, compute_metrics, load_predictions, write_predictions
 from shop_r1.report import make_report
 from shop_r1.types import Action, Session, Step
+from tests.test_baselines_on_cpu import ADD, CHECKOUT, SEARCH, VIEW, T  # the same actions as the baseline tests
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOME = '<a name="nav.category.bags">Bags</a><a name="todays_deals.X.view_product">X</a>'
 RESULTS = '<input name="search_input"/><a name="search_results.Trail Pack.view_product">Trail Pack</a>'
 PRODUCT = '<button name="add_to_cart">Add</button><button name="buy_now">Buy</button>'
 CART = '<button name="proceed_to_checkout">Checkout</button>'
-SEARCH = Action("type_and_submit", "search_input", "trail pack")
-VIEW = Action("click", "search_results.Trail Pack.view_product")
-ADD = Action("click", "add_to_cart")
-CHECKOUT = Action("click", "proceed_to_checkout")
-T = Action("terminate")
 
 
 def _session(sid: str, *steps: tuple[str, Action]) -> Session:
