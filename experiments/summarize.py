@@ -81,9 +81,9 @@ def _rl_log(ws: Path, name: str) -> list[dict]:
     path = ws / "rl" / name / "metrics_grpo.jsonl"
     if not path.exists():
         return []
-    from shop_r1.report import load_metrics
+    from shop_r1.tracking import read_metrics
 
-    return sorted({r["step"]: r for r in load_metrics(path).records}.values(), key=lambda r: r["step"])
+    return read_metrics(path)
 
 
 def _smooth(values: list[float], k: int = 5) -> list[float]:

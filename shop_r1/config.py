@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -153,11 +154,14 @@ class RolloutConfig:
     """GRPO group size: samples per prompt (advantages compare the samples of a group, so one is not a group).
     Range: >= 2."""
     top_k_logprobs: int = 20
-    """Logprobs returned per position; the self-certainty estimate reads them (reward.self_certainty). Range: >= 0."""
+    """Logprobs returned per position; the self-certainty estimate reads them (reward.self_certainty). At most
+    vLLM's default `max_logprobs` (`MAX_TOP_K_LOGPROBS`): each returned logprob is a Python object per token, so the
+    cost grows with it. Range: in [0, 20]."""
     num_engines: int = 1
     """vLLM engines, each in its own Ray actor; a batch of prompts is split between them. Range: >= 1."""
     tensor_parallel_size: int = 1
-    """GPUs per engine (GPU only; on CPU each engine is one process). Range: >= 1."""
+    """GPUs per engine (GPU only; on CPU each engine is one process). With GPUs (num_gpus_per_engine > 0) at most
+    the GPUs an engine holds: one GPU per tensor-parallel worker. Range: >= 1."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU (bf16 is ~15x slower there), bfloat16 on CUDA."""
     gpu_memory_utilization: float = 0.85
@@ -225,6 +229,18 @@ class SFTConfig:
     """If > 0, run exactly this many optimizer steps instead of `epochs` passes (the data is passed over as many times
     as needed, reshuffled each pass, as HF Trainer's max_steps; warmup_ratio applies to these steps). 0: `epochs`
     passes. The experiments' "SFT continued" row uses it to match the RL stage's wall time. Range: >= 0."""
+    checkpoint_every: int = 50
+    """Save a resumable checkpoint (weights, optimizer, schedule, data position) every this many steps, atomically
+    as GRPO does (shop_r1/checkpoint.py); a rerun of `shop-r1 pipeline` or `shop-r1 sft --resume` continues from the
+    newest. Range: >= 1."""
+    keep_checkpoints: int = 2
+    """Keep the newest this many complete SFT checkpoints. Range: >= 1."""
+    max_restarts: int = 2
+    """A learner rank that dies ends the attempt; the actors are torn down and SFT resumes from its last checkpoint in
+    the same process, at most this many times. Range: >= 0."""
+    max_nonfinite_steps: int = 3
+    """A step whose loss or gradient norm is NaN/inf skips its optimizer step (counted in sft/nonfinite_*); this many
+    in a row stop SFT with an error, its checkpoints holding finite weights only. Range: >= 1."""
 
 
 @dataclass
@@ -306,6 +322,10 @@ class RLConfig:
     max_restarts: int = 2
     """A learner rank (or any actor the loop cannot replace) that dies ends the attempt: the driver tears the actors
     down and resumes from the last complete checkpoint in the same process, at most this many times. Range: >= 0."""
+    max_nonfinite_steps: int = 3
+    """A step whose rewards, advantages, loss or gradient norm is NaN/inf skips its update (counted by cause in
+    train/nonfinite_*); this many such steps in a row stop the run with an error, its checkpoints holding finite
+    weights only (shop_r1/algo/finite.py). Range: >= 1."""
     keep_checkpoints: int = 2
     """Keep the newest this many complete checkpoints; older ones are removed after a newer one is complete.
     Range: >= 1."""
@@ -343,7 +363,8 @@ class LoggingConfig:
 class Config:
     run_dir: str = "runs/default"
     """Where every artefact of a run goes (resolved config, data, models, metrics, checkpoints). On a multi-node
-    cluster: a path every node sees (shared filesystem), since learner ranks write checkpoint shards there."""
+    cluster: a path every node sees (shared filesystem), since learner ranks write checkpoint shards there. Not empty,
+    and not (nor a link to) `/` or the home directory: every stage writes into it and `storage_uri` copies it whole."""
     storage_uri: str = ""
     """Optional mirror of the run folder (s3://bucket/prefix, gs://..., file:///...), copied after every checkpoint
     and stage (shop_r1/storage.py). Empty: the run folder is the only copy."""
@@ -375,7 +396,10 @@ class Range:
     high_open: bool = False
 
     def __contains__(self, value: float) -> bool:
-        # Comparisons written so that NaN is in no range.
+        # inf and -inf are in no range (an unbounded side means "any finite number"); the comparisons below are
+        # written so that NaN fails them too.
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
         above = self.low is None or (value > self.low if self.low_open else value >= self.low)
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return bool(above and below)
@@ -388,6 +412,10 @@ class Range:
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
 
+MAX_TOP_K_LOGPROBS = 20
+"""vLLM's default `max_logprobs`: the most logprobs per position `rollout.top_k_logprobs` may ask for. (The engine
+passes `max_logprobs=max(top_k_logprobs, 1)` to vLLM, so the bound is this project's, not the engine's.)"""
+
 # Grouped by range; every key appears once (a test checks each against its field's "Range:" docstring).
 RANGES: dict[str, Range] = {
     # >= 1: ints that count something (steps, batches, tokens, workers, sizes)
@@ -397,7 +425,9 @@ RANGES: dict[str, Range] = {
         "rollout.num_engines", "rollout.tensor_parallel_size", "learner.num_ranks",
         "learner.max_tokens_per_micro_batch", "sft.epochs", "sft.global_batch_size", "sft.max_seq_len",
         "eval.max_new_tokens", "reward_pool.num_workers", "rl.steps", "rl.global_batch_size", "rl.num_minibatches",
-        "rl.checkpoint_every", "rl.keep_checkpoints", "rl.weight_sync_bucket_mb", "rl.val_examples"), Range(1)),
+        "rl.checkpoint_every", "rl.keep_checkpoints", "rl.weight_sync_bucket_mb", "rl.val_examples",
+        "rl.max_nonfinite_steps", "sft.checkpoint_every", "sft.keep_checkpoints", "sft.max_nonfinite_steps"),
+     Range(1)),
     # > 0: rates, scales, timeouts, sizes given as floats
     **dict.fromkeys((
         "reward.dars_factor", "rollout.temperature", "rollout.kv_cache_gib", "learner.grad_clip", "sft.lr",
@@ -405,10 +435,10 @@ RANGES: dict[str, Range] = {
         Range(0, low_open=True)),
     # >= 0: weights, Ray resources, and counts where 0 means "the default" / "all" / "never"
     **dict.fromkeys((
-        "data.test_max_prompt_tokens", "reward.alpha", "rollout.top_k_logprobs", "rollout.num_cpus_per_engine",
+        "data.test_max_prompt_tokens", "reward.alpha", "rollout.num_cpus_per_engine",
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts",
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts", "sft.max_restarts",
         "rl.val_every", "sft.max_steps"),
         Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
@@ -419,6 +449,7 @@ RANGES: dict[str, Range] = {
     "reward.rouge_threshold": Range(0, 1),
     "reward_pool.max_failed_fraction": Range(0, 1),
     "rollout.group_size": Range(2),
+    "rollout.top_k_logprobs": Range(0, MAX_TOP_K_LOGPROBS),
     "rollout.gpu_memory_utilization": Range(0, 1, low_open=True),
     "learner.zero_stage": Range(0, 3),
     "sft.warmup_ratio": Range(0, 1, high_open=True),
@@ -428,7 +459,8 @@ RANGES: dict[str, Range] = {
     "rl.async_is_cap": Range(1),
 }
 """Every int/float field's allowed values, by dotted key; each field's docstring repeats it as "Range: ...".
-Seeds (`seed`, `data.synth_seed`) take any int and are the only numeric fields not listed."""
+Seeds (`seed`, `data.synth_seed`) take any int and are the only numeric fields not listed. No range holds inf, -inf
+or NaN, so every float field refuses them. Probabilities, shares and ratios are bounded by 1."""
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -436,6 +468,23 @@ def _get(cfg: Config, dotted: str) -> Any:
     for part in dotted.split("."):
         node = getattr(node, part)
     return node
+
+
+def _run_dir_problems(run_dir: str) -> list[str]:
+    """`run_dir` is written into by every stage and copied whole to `storage_uri`: refuse an empty one and one that
+    is, or resolves to (`..`, a link, `~`), the filesystem root or the home directory."""
+    if not run_dir.strip():
+        return [f"run_dir={run_dir!r} is empty: give the run's own folder, e.g. run_dir=runs/NAME"]
+    # The runs use Path(run_dir) as written (a literal `~` would be a folder named `~`); check both readings.
+    resolved = {Path(run_dir).resolve(), Path(run_dir).expanduser().resolve()}
+    forbidden = {Path("/").resolve(): "the filesystem root"}
+    try:
+        forbidden[Path.home().resolve()] = "the home directory"
+    except RuntimeError:  # no home directory can be determined: nothing to compare with
+        pass
+    return [f"run_dir={run_dir!r} resolves to {path} ({what}): every stage writes into the run folder and "
+            "storage_uri copies it whole; give the run a folder of its own, e.g. run_dir=runs/NAME"
+            for path, what in forbidden.items() if path in resolved]
 
 
 def check_ranges(cfg: Config) -> None:
@@ -446,6 +495,8 @@ def check_ranges(cfg: Config) -> None:
         value = _get(cfg, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.append(f"{key}={value!r}: expected a number {allowed}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{key}={value!r} is not a finite number: allowed {allowed}")
         elif value not in allowed:
             problems.append(f"{key}={value!r} is out of range: allowed {allowed}")
         else:
@@ -456,9 +507,57 @@ def check_ranges(cfg: Config) -> None:
         problems.append(f"rl.global_batch_size={batch} is not a multiple of rollout.group_size={group}: a rollout "
                         f"batch is P prompts x G samples (e.g. rl.global_batch_size={max(1, batch // group) * group})")
     gpus, tp = cfg.rollout.num_gpus_per_engine, cfg.rollout.tensor_parallel_size
-    if not bad & {"rollout.num_gpus_per_engine", "rollout.tensor_parallel_size"} and gpus >= 1 and gpus != tp:
-        problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an engine "
-                        "holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
+    if not bad & {"rollout.num_gpus_per_engine", "rollout.tensor_parallel_size"} and gpus > 0:
+        if tp > max(gpus, 1):  # a fraction below 1 is one shared card
+            problems.append(f"rollout.tensor_parallel_size={tp} is more than the GPUs an engine holds "
+                            f"(rollout.num_gpus_per_engine={gpus:g}): each tensor-parallel worker needs a GPU of "
+                            f"its own; set rollout.num_gpus_per_engine={tp}")
+        elif gpus >= 1 and gpus != tp:
+            problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an "
+                            "engine holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
+    problems.extend(_run_dir_problems(cfg.run_dir))
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def check_context_budget(cfg: Config, max_model_len: int,
+                         stages: tuple[Literal["sft", "rl", "eval"], ...] = ("sft", "rl", "eval")) -> None:
+    """Raise one `ConfigError` listing every token budget of `stages` that does not fit the model's context,
+    `max_model_len` (shop_r1/rollout/engine.py: max_model_len(cfg, model), the smaller of model.max_context_tokens
+    and the model's positions), naming the keys to change:
+
+    - rl: data.max_prompt_tokens + rollout.max_new_tokens (training prompts and their answers) and, with
+      rl.val_every > 0, the held-out prompt budget + rollout.max_new_tokens (validation answers);
+    - eval: the held-out prompt budget (data.test_max_prompt_tokens, 0: data.max_prompt_tokens) + eval.max_new_tokens;
+    - sft: sft.max_seq_len.
+
+    Without it, a prompt over the budget is found only when it is encoded (shop_r1/data/encode.py), after the data
+    build. Not run by `load_config`: it needs the model (the paper's defaults, 32768 + 256, fit no 32k model)."""
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+        raise ValueError(f"max_model_len={max_model_len!r}: expected the model's context length, an int >= 1")
+    n, d = max_model_len, cfg.data
+    context = (f"the model's context of {n} tokens (model.max_context_tokens={cfg.model.max_context_tokens}, "
+               "capped by the model's own positions)")
+    held_out = ("data.test_max_prompt_tokens", d.test_max_prompt_tokens) if d.test_max_prompt_tokens else \
+        ("data.max_prompt_tokens", d.max_prompt_tokens)
+    pairs = []  # (prompt key, prompt budget, answer key, answer budget)
+    if "rl" in stages:
+        pairs.append(("data.max_prompt_tokens", d.max_prompt_tokens, "rollout.max_new_tokens",
+                      cfg.rollout.max_new_tokens))
+        if cfg.rl.val_every:
+            pairs.append((*held_out, "rollout.max_new_tokens", cfg.rollout.max_new_tokens))
+    if "eval" in stages:
+        pairs.append((*held_out, "eval.max_new_tokens", cfg.eval.max_new_tokens))
+    problems = []
+    for prompt_key, prompt, answer_key, answer in dict.fromkeys(pairs):  # the same pair once
+        if prompt + answer <= n:
+            continue
+        fix = f"set {prompt_key} <= {n - answer} or lower {answer_key}" if answer < n else \
+            f"lower {answer_key} below {n} (and {prompt_key} to fit the rest)"
+        problems.append(f"{prompt_key}={prompt} + {answer_key}={answer} = {prompt + answer} tokens do not fit "
+                        f"{context}: {fix}")
+    if "sft" in stages and cfg.sft.max_seq_len > n:
+        problems.append(f"sft.max_seq_len={cfg.sft.max_seq_len} does not fit {context}: set sft.max_seq_len <= {n}")
     if problems:
         raise ConfigError("\n".join(problems))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from shop_r1.comparison import Comparison
 from shop_r1.metrics import format_mix
 from shop_r1.rollout.metrics import REWARD_TERMS
+from shop_r1.tracking import scan_metrics
 from shop_r1.types import ACTION_TYPES
 
 STAGES = ("rollout", "reward", "advantages", "update", "weight_sync", "other")
@@ -44,25 +45,10 @@ class MetricsLog:
 
 
 def load_metrics(path: str | Path) -> MetricsLog:
-    """One tracker JSONL file. Every record must be an object with an integer `step`."""
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records: list[dict] = []
-    torn = False
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):  # the tracker flushes whole lines, so only a kill can cut the last one
-                torn = True
-                break
-            raise ValueError(f"{path}:{i}: not a JSON object ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            raise ValueError(f"{path}:{i}: expected an object with an integer 'step'")
-        records.append(record)
-    return MetricsLog(path, tuple(records), torn)
+    """One tracker JSONL file, one record per step (the last one logged). A line that is not an object with an
+    integer `step` is skipped with a warning naming FILE:LINE (`shop_r1.tracking.scan_metrics`)."""
+    read = scan_metrics(path)
+    return MetricsLog(read.path, read.records, read.torn_last_line)
 
 
 @dataclass(frozen=True)

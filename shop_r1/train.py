@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from shop_r1 import checkpoint
+from shop_r1.algo import finite
 from shop_r1.algo.advantages import GroupAdvantages, group_advantages
 from shop_r1.algo.batch import build_grpo_batch
 from shop_r1.config import Config, config_to_dict
@@ -38,7 +39,7 @@ from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
 from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
-PENDING_ROLLOUT = "pending_rollout.pkl"
+PENDING_ROLLOUT = "pending_rollout.json"
 SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
 
 
@@ -153,7 +154,8 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
     metrics.update({"rollout/engine_restarts": engine_restarts,
                     "rollout/policy_lag_mean": sum(lags) / max(len(lags), 1),
                     "rollout/policy_lag_max": max(lags, default=0),
-                    "train/skipped_update": float(update is SKIPPED), "train/loss": update.loss,
+                    "train/skipped_update": float(update is SKIPPED or bool(update.nonfinite)),
+                    **finite.metrics(update.nonfinite), "train/loss": update.loss,
                     "train/kl": update.kl, "train/clip_fraction": update.clip_fraction,
                     "train/ratio_mean": update.ratio_mean, "train/grad_norm": update.grad_norm,
                     "train/zero_signal_groups": adv.num_zero_signal_groups,
@@ -299,6 +301,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                       first_step=step)
     files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
     learner_step = step  # updates the learner has applied (ahead of `step`'s log line between update and log)
+    nonfinite = finite.NonFiniteStreak(cfg.rl.max_nonfinite_steps)
     try:
         if val_prompts and step == 0:  # the SFT policy's figures; a resumed run logged its step's before stopping
             tracker.log(0, validate(engines, val_prompts, cfg, version=0))
@@ -312,10 +315,10 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             adv = step_advantages(scored, cfg)                                             # advantages
             batch = update_batch(scored, adv, cfg, temperature, pad_id)
             t2 = time.perf_counter()
-            # With every group dropped there is nothing to learn from: the update is skipped (and counted).
-            update = learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED  # learner update
+            update = learner_update(learners, batch, scored, adv, cfg)                     # learner update
             t3, learner_step = time.perf_counter(), step
-            synced = source.push(sync, step, changed=update is not SKIPPED)                # weight sync
+            changed = update is not SKIPPED and not update.nonfinite
+            synced = source.push(sync, step, changed=changed)                              # weight sync
             metrics = step_metrics(scored, rollout, update, adv, synced, engines.restarts,
                                    (t0, t1, t2, t3, time.perf_counter()), source.push_wait_s)
             if cfg.rl.check_weight_sync:
@@ -325,6 +328,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             tracker.log(step, {**metrics, **threads})                                      # log
             files.write(step, rollout.prompts, scored, adv.advantages.tolist())
             rewards_seen.append(metrics["reward/total"])
+            nonfinite.observe(step, update.nonfinite)  # too many skipped updates in a row: stop (logged first)
             if step % cfg.rl.checkpoint_every == 0 or step == cfg.rl.steps:                # checkpoint
                 _checkpoint(cfg, ckpt_root, learners, _state_after(step, sampler), source.pending_bytes())
         learners.save_hf(str(out / "hf"))
@@ -340,6 +344,17 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
         learners.shutdown()
     return GRPOResult(str(out / "hf"), step, rewards_seen[0] if rewards_seen else 0.0,
                       rewards_seen[-1] if rewards_seen else 0.0, time.perf_counter() - start_time)
+
+
+def learner_update(learners: Learners, batch: Any, scored: list[ScoredGeneration], adv: GroupAdvantages,
+                   cfg: Config) -> GRPOStepStats:
+    """The learner's update, or SKIPPED when there is nothing to learn from (every group dropped) or when a reward or
+    advantage is NaN/inf (SKIPPED with `nonfinite` naming it: no update; the learner skips its own optimizer step
+    the same way on a non-finite loss or gradient norm)."""
+    cause = finite.driver_cause(_rewards(scored), adv.advantages)
+    if cause:
+        return dataclasses.replace(SKIPPED, nonfinite=cause)
+    return learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED
 
 
 def checked_rollout(rollout: StepRollout, cfg: Config) -> list[ScoredGeneration]:
@@ -366,8 +381,10 @@ def _resume(ckpt_root: Path, learners: Learners, sampler: PromptSampler) -> tupl
     learners.load_checkpoint(str(found / "deepspeed"))
     checkpoint.restore_rng(state.rng)
     sampler.cursor = Cursor(state.cursor_epoch, state.cursor_position)
-    print(f"resumed from {found} (step {state.step})", flush=True)
-    return state.step, load_pending(checkpoint.read_extra(found, PENDING_ROLLOUT))
+    moved = checkpoint.abandon_later_checkpoints(ckpt_root, state.step)
+    print(f"resumed from {found} (step {state.step})" +
+          (f"; later checkpoints of the abandoned timeline moved to {moved[0].parent}" if moved else ""), flush=True)
+    return state.step, load_pending(checkpoint.read_extra(found, PENDING_ROLLOUT), where=found / PENDING_ROLLOUT)
 
 
 def _checkpoint_on_failure(cfg: Config, ckpt_root: Path, learners: Learners, source: RolloutStream,
@@ -391,6 +408,9 @@ def _state_after(step: int, sampler: PromptSampler) -> checkpoint.TrainState:
 
 def _checkpoint(cfg: Config, ckpt_root: Path, learners: Learners, state: checkpoint.TrainState,
                 pending: bytes | None) -> None:
+    if not learners.weights_finite():  # never publish NaN/inf weights; the previous checkpoint stays the latest
+        raise finite.NonFiniteError(f"GRPO step {state.step}: the learner's weights are not finite; refusing to "
+                                    f"checkpoint them (latest complete checkpoint: {checkpoint.latest(ckpt_root)})")
     checkpoint.save(ckpt_root, state, config_to_dict(cfg),
                     lambda d: learners.save_checkpoint(d, {"step": state.step}),
                     extra={PENDING_ROLLOUT: pending} if pending is not None else None)

@@ -282,6 +282,8 @@ class GRPOStepStats:
     """With rl.async_level=1: mean truncated importance weight on the surrogate (1 when synchronous)."""
     is_truncated_fraction: float = 0.0
     """Share of tokens whose importance weight hit rl.async_is_cap."""
+    nonfinite: str = ""
+    """Why the update was skipped ("loss" / "grad_norm": NaN or inf, shop_r1/algo/finite.py), "" when it ran."""
 
 
 @dataclass(frozen=True)
@@ -292,3 +294,5 @@ class SFTStepStats:
     grad_norm: float
     lr: float
     step: int
+    nonfinite: str = ""
+    """Why the optimizer step was skipped ("loss" / "grad_norm"), "" when it ran."""

@@ -133,3 +133,109 @@ def test_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path):
         checkpoint.save(tmp_path, TrainState(2, 0, 0, checkpoint.capture_rng()), {}, full_disk)
     assert not (tmp_path / "step_000002.tmp").exists() and not (tmp_path / "step_000002").exists()
     assert checkpoint.latest(tmp_path) == tmp_path / "step_000001"
+
+
+# Timelines. A run resumed from step 20 while step_000030 (and a half-written step_000040.tmp) are on disk: a save
+# killed before its pointer update, or a resume chosen from an older checkpoint. Those folders are the old timeline.
+
+
+def _old_timeline(root: Path) -> None:
+    for step in (10, 20, 30):
+        _save(root, step)
+    (root / "step_000040.tmp" / "deepspeed").mkdir(parents=True)  # a save killed mid-write
+
+
+def test_abandon_moves_the_later_timeline_aside_and_keeps_latest_on_the_resumed_one(tmp_path):
+    root = tmp_path / "checkpoints"
+    _old_timeline(root)
+    (root / "latest").write_text("step_000020")  # the kill came between step_30's rename and its pointer update
+    moved = checkpoint.abandon_later_checkpoints(root, resumed_step=20)
+    dest = root / "abandoned" / "001_resumed_from_step_000020"
+    assert moved == [dest / "step_000030", dest / "step_000040.tmp"]  # lowest step first; moved, not deleted
+    assert checkpoint.load_state(dest / "step_000030").step == 30
+    assert _step_dirs(root) == ["abandoned", "step_000010", "step_000020"]
+    assert (root / "latest").read_text() == "step_000020" and not (dest / "latest").exists()
+
+    # Resumed from step 10 this time, `latest` naming a moved one: the pointer moves with it and names step_10.
+    (root / "latest").write_text("step_000020")
+    moved = checkpoint.abandon_later_checkpoints(root, resumed_step=10)
+    dest = root / "abandoned" / "002_resumed_from_step_000010"
+    assert moved == [dest / "step_000020"]
+    assert (dest / "latest").read_text() == "step_000020"  # the old timeline keeps its pointer
+    assert checkpoint.latest(root) == root / "step_000010"
+    assert not (root / "latest.tmp").exists()
+
+
+def test_abandon_with_nothing_later_changes_nothing(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (10, 20):
+        _save(root, step)
+    assert checkpoint.abandon_later_checkpoints(root, resumed_step=20) == []
+    assert _step_dirs(root) == ["step_000010", "step_000020"]  # no empty abandoned/ folder either
+    assert (root / "latest").read_text() == "step_000020"
+    assert checkpoint.abandon_later_checkpoints(tmp_path / "none", resumed_step=0) == []  # no checkpoints folder
+
+
+def test_abandon_at_step_0_moves_every_checkpoint_and_the_pointer(tmp_path):
+    """A fresh start (step 0) in a folder with checkpoints: all of them, and `latest`, are set aside."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        _save(root, step)
+    moved = checkpoint.abandon_later_checkpoints(root, resumed_step=0)
+    dest = root / "abandoned" / "001_resumed_from_step_000000"
+    assert moved == [dest / "step_000001", dest / "step_000002"]
+    assert (dest / "latest").read_text() == "step_000002"
+    assert _step_dirs(root) == ["abandoned"] and checkpoint.latest(root) is None
+
+
+def test_an_old_timeline_never_pushes_the_new_ones_out(tmp_path):
+    # Resumed from step 20 without setting step_30 aside, then step 21 saved: latest -> step_21.
+    # keep=2 by step number alone would keep step_30 (old timeline) and step_21, removing step_20 and step_10.
+    # By timeline (steps <= 21): keep step_21 and step_20, remove step_10; step_30 is neither counted nor removed.
+    root = tmp_path / "checkpoints"
+    _old_timeline(root)
+    (root / "latest").write_text("step_000020")
+    _save(root, 21)
+    assert [p.name for p in checkpoint.prune(root, keep=2)] == ["step_000010"]
+    assert _step_dirs(root) == ["step_000020", "step_000021", "step_000030", "step_000040.tmp"]
+
+
+def test_prune_never_removes_the_resumed_from_checkpoint_before_a_newer_one_is_complete(tmp_path):
+    root = tmp_path / "checkpoints"
+    _old_timeline(root)
+    (root / "latest").write_text("step_000020")
+    checkpoint.abandon_later_checkpoints(root, resumed_step=20)
+
+    def failing_learner(directory: str) -> None:  # e.g. DeepSpeed's save raising; not an OSError
+        Path(directory).mkdir(parents=True)
+        raise RuntimeError("the learner's save failed")
+
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_000021 not written \(RuntimeError: the learner's "
+                                                         r"save failed\); the last complete checkpoint "
+                                                         r"\(step_000020\) is intact"):
+        checkpoint.save(root, TrainState(21, 0, 21, {}), {}, failing_learner)
+    (root / "step_000021.tmp").mkdir()  # and a second save of step 21 in progress
+    assert [p.name for p in checkpoint.prune(root, keep=1)] == ["step_000010"]  # step_20 survives both
+    assert _step_dirs(root) == ["abandoned", "step_000020", "step_000021.tmp"]
+    _save(root, 21)  # now complete: step_20 may go
+    assert [p.name for p in checkpoint.prune(root, keep=1)] == ["step_000020"]
+    assert _step_dirs(root) == ["abandoned", "step_000021"]
+
+
+def test_without_a_pointer_resume_takes_the_newest_published_checkpoint(tmp_path):
+    """No `latest` (a kill between the first checkpoint's rename and its pointer): the newest complete `step_N`,
+    never one under abandoned/, a `step_N.tmp` that has its state.json but was never renamed, or a `.deleting`."""
+    root = tmp_path / "checkpoints"
+    for step in (10, 20):
+        _save(root, step)
+    (root / "latest").unlink()
+    (root / "abandoned" / "001_resumed_from_step_000000" / "step_000050").mkdir(parents=True)
+    (root / "abandoned" / "001_resumed_from_step_000000" / "step_000050" / "state.json").write_text("{}")
+    for name in ("step_000040.tmp", "step_000030.deleting", "step_000035"):  # step_35: no state.json
+        (root / name).mkdir()
+    (root / "step_000040.tmp" / "state.json").write_text("{}")
+    (root / "step_000030.deleting" / "state.json").write_text("{}")
+    assert checkpoint.newest_complete(root) == root / "step_000020"
+    assert checkpoint.latest(root) == root / "step_000020"
+    assert checkpoint.load_state(checkpoint.latest(root)).step == 20
+    assert checkpoint.latest(tmp_path / "no_checkpoints_yet") is None

@@ -9,6 +9,7 @@ import pytest
 
 from shop_r1.cli import main
 from shop_r1.report import load_metrics, make_report
+from shop_r1.tracking import MetricsFileWarning
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -73,21 +74,35 @@ def test_eval_table_shows_kappa_exact_on_non_terminate_and_the_mix(tmp_path):
 
 def test_torn_last_line_is_skipped_and_noted(tmp_path):
     run = _run_folder(tmp_path, torn=True)
-    log = load_metrics(run / "metrics_grpo.jsonl")
+    with pytest.warns(MetricsFileWarning, match=r"metrics_grpo.jsonl:4: torn last line skipped"):
+        log = load_metrics(run / "metrics_grpo.jsonl")
     assert log.torn_last_line and [r["step"] for r in log.records] == [1, 2, 3]
-    report = make_report(run)
+    with pytest.warns(MetricsFileWarning):
+        report = make_report(run)
     assert any("torn last line" in n for n in report.notes)
     assert "torn last line" in report.markdown_path.read_text()
 
 
-def test_malformed_middle_line_names_file_and_line(tmp_path):
+def test_malformed_middle_line_is_skipped_with_a_warning_naming_file_and_line(tmp_path):
     path = tmp_path / "metrics_grpo.jsonl"
     path.write_text('{"step": 1, "reward/total": 1}\nnot json\n{"step": 3}\n')
-    with pytest.raises(ValueError, match=r"metrics_grpo.jsonl:2: not a JSON object"):
-        load_metrics(path)
+    with pytest.warns(MetricsFileWarning, match=r"metrics_grpo.jsonl:2: line skipped \(not JSON"):
+        log = load_metrics(path)
+    assert log.records == ({"step": 1, "reward/total": 1}, {"step": 3}) and not log.torn_last_line
     path.write_text('{"step": "one"}\n{"step": 2}\n')
-    with pytest.raises(ValueError, match=r"metrics_grpo.jsonl:1: expected an object with an integer 'step'"):
-        load_metrics(path)
+    with pytest.warns(MetricsFileWarning, match=r"metrics_grpo.jsonl:1: line skipped \(not an object with an "
+                                                r"integer 'step'\)"):
+        assert load_metrics(path).records == ({"step": 2},)
+
+
+def test_a_step_logged_again_after_a_resume_keeps_its_last_record(tmp_path):
+    path = tmp_path / "metrics_grpo.jsonl"
+    # Steps 1-3 logged, checkpoint at 2, killed; the resumed run logs 3 and 4 again.
+    path.write_text("".join(json.dumps({"step": s, "reward/total": v}) + "\n"
+                            for s, v in [(1, 1.0), (2, 2.0), (3, 30.0), (3, 3.0), (4, 4.0)]))
+    log = load_metrics(path)
+    assert [(r["step"], r["reward/total"]) for r in log.records] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    assert log.series("reward/total") == ([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])  # not 30, not counted twice
 
 
 def test_report_cli_and_empty_folder(tmp_path, capsys):

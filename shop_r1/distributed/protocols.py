@@ -54,6 +54,9 @@ class Learners(Protocol):
     def num_threads(self) -> list[int]:
         """torch.get_num_threads() in each rank."""
 
+    def weights_finite(self) -> bool:
+        """True when every policy parameter on every rank is finite (checked before a checkpoint)."""
+
     def shutdown(self) -> None: ...
 
 

@@ -214,8 +214,9 @@ class DeepSpeedLearner:
         # importance weight, truncated.
         sums = torch.zeros(8, dtype=torch.float64)
         diff_max = torch.zeros(1, dtype=torch.float64)
-        grad_norms = []
+        grad_norms, causes = [], []
         for group, denominator in zip(groups, denominators):
+            losses = []
             for i in group:
                 mb = micro[i]
                 mask = mb.completion_mask.to(self.device)
@@ -231,6 +232,7 @@ class DeepSpeedLearner:
                 count = n_tokens if by_token else float(mb.num_trained_responses)
                 weight = count / denominator if denominator > 0 else 0.0
                 self.engine.backward(out.loss * weight * self.world_size)
+                losses.append(float(out.loss.detach()))
                 # The sampling weights' logprobs (`old` when there are several updates, else this pass's, which runs
                 # before any update of this batch), against the engine's: the two sides must agree.
                 diff = (old_logp - sampler)[mask.bool()].abs()
@@ -242,11 +244,17 @@ class DeepSpeedLearner:
                 sums[0] += float(out.loss.detach()) * weight / len(groups)
                 sums[1:4] += torch.tensor([out.kl, out.clip_fraction, out.ratio_mean], dtype=torch.float64) * n_tokens
                 sums[4] += n_tokens
-            grad_norms.append(self._optimizer_step())
+            norm, cause = self._optimizer_step(losses)
+            grad_norms.append(norm)
+            causes.append(cause)
         sums = self._all_reduce(sums)
         diff_max = self._all_reduce(diff_max, "max")
         tokens = float(sums[4])
         self.step += 1
+        cause = next((c for c in causes if c), "")
+        if cause:  # (one of) the update(s) skipped: nothing non-finite reaches the logs (the cause says what was)
+            return GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0,
+                                 num_tokens=int(round(tokens)), step=self.step, nonfinite=cause)
         return GRPOStepStats(loss=float(sums[0]), kl=float(sums[1]) / max(tokens, 1.0),
                              clip_fraction=float(sums[2]) / max(tokens, 1.0),
                              ratio_mean=float(sums[3]) / tokens if tokens else 1.0,
@@ -358,34 +366,57 @@ class DeepSpeedLearner:
     def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
         if num_loss_tokens_global <= 0:
             raise ValueError("sft_step: the global batch has no assistant tokens to learn from")
-        total = 0.0
+        losses = []
         batches = list(micro_batches) or [self._empty_batch()]  # an idle rank still joins the collectives
         for mb in batches:
             self._begin_micro_batch()
             loss = self._token_loss_sum(mb) / num_loss_tokens_global
             # DeepSpeed averages gradients over ranks; scale back so the sum over ranks is the global token mean.
             self.engine.backward(loss * self.world_size)
-            total += float(loss.detach())
+            losses.append(float(loss.detach()))
         lr = self.scheduler.get_last_lr()[0]
-        grad_norm = self._optimizer_step()
+        grad_norm, cause = self._optimizer_step(losses)
         self.step += 1
-        return SFTStepStats(loss=total, num_tokens=sum(mb.num_loss_tokens for mb in micro_batches),
+        if cause:  # skipped: nothing non-finite reaches the logs (the cause says what was)
+            return SFTStepStats(loss=0.0, num_tokens=sum(mb.num_loss_tokens for mb in micro_batches), grad_norm=0.0,
+                                lr=lr, step=self.step, nonfinite=cause)
+        return SFTStepStats(loss=sum(losses), num_tokens=sum(mb.num_loss_tokens for mb in micro_batches),
                             grad_norm=grad_norm, lr=lr, step=self.step)
 
-    def _optimizer_step(self) -> float:
-        """engine.step(), returning this step's global gradient norm (before clipping).
+    def _optimizer_step(self, losses: Sequence[float]) -> tuple[float, str]:
+        """engine.step(), returning this step's global gradient norm (before clipping) and "" -- or, when a loss of
+        this step (on any rank) or the gradient norm is NaN/inf, no step at all: the gradients are dropped, the
+        weights, optimizer and schedule stay as they were, and the cause ("loss" / "grad_norm") is returned.
 
-        Where the gradients sit on the parameters we measure them; where ZeRO keeps them in its own partitioned
-        buffers, DeepSpeed's own figure for this step is read after the step.
+        Where the gradients sit on the parameters we measure them before the step; where ZeRO keeps them in its own
+        partitioned buffers only the losses can be checked before it, and DeepSpeed's own norm is read after it (a
+        non-finite one is then reported, and `weights_finite` keeps such weights out of any checkpoint).
         """
+        from shop_r1.algo.finite import CAUSES, learner_cause
+
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) \
             if grads else None
+        local = learner_cause(losses, norm)
+        # Every rank skips or steps together (the step is a collective under ZeRO).
+        flags = self._all_reduce(torch.tensor([float(local == c) for c in CAUSES], dtype=torch.float64), "max")
+        cause = next((c for c, f in zip(CAUSES, flags.tolist()) if f), "")
+        if cause:
+            self.engine.zero_grad()
+            self.engine.optimizer.zero_grad(set_to_none=True)
+            return (norm if norm is not None else float("nan")), cause
         self.engine.step()
         if norm is None:
             ds_norm = self.engine.get_global_grad_norm()
             norm = float(ds_norm) if ds_norm is not None else float("nan")
-        return norm
+            cause = learner_cause((), norm) if ds_norm is not None else ""
+        return norm, cause
+
+    def weights_finite(self) -> bool:
+        """True when every parameter of the policy is finite (checked before a checkpoint is written)."""
+        from shop_r1.algo.finite import all_finite
+
+        return all(all_finite(t) for _, t in self.named_weights())
 
     def _empty_batch(self) -> MicroBatch:
         one = torch.zeros((1, 2), dtype=torch.long)
@@ -420,7 +451,7 @@ class DeepSpeedLearner:
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        model.load_state_dict(state, strict=False)
+        load_trained_weights(model, state, source=f"the learner's weights at step {self.step}")
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(self.model_path).save_pretrained(tmp)
         (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "trained", "base": self.model_path,
@@ -438,3 +469,30 @@ class DeepSpeedLearner:
             raise FileNotFoundError(f"{ckpt_dir}: no DeepSpeed checkpoint to resume from")
         self.step = int(client_state.get("learner_step", self.step))
         return client_state
+
+
+def load_trained_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state` (parameters in HF names) into `model`, the base model rebuilt for the HF export.
+
+    Every key of `state` must be used and every key of the model filled, or ValueError lists the keys (nothing is
+    loaded then). Two kinds of model key may be absent, because `named_parameters()` never yields them and the base
+    model already holds their right values: a parameter tied to one that `state` has (`lm_head.weight` under
+    `tie_word_embeddings` is the very tensor of `model.embed_tokens.weight`, so loading one fills both), and a
+    buffer (rotary frequencies and the like are never trained).
+    """
+    expected = model.state_dict(keep_vars=True)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(params[k]) for k in state if k in params}
+    buffers = {name for name, _ in model.named_buffers()}
+    missing = sorted(k for k in expected.keys() - state.keys()
+                     if k not in buffers and not (k in params and id(params[k]) in loaded))
+    unexpected = sorted(state.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"{source} do not match the {type(model).__name__} they are exported into: "
+                         f"{len(missing)} missing ({_some_keys(missing)}); {len(unexpected)} unexpected "
+                         f"({_some_keys(unexpected)})")
+    model.load_state_dict(state, strict=False)  # strict=False only for the tied and buffer keys allowed above
+
+
+def _some_keys(keys: list[str], limit: int = 10) -> str:
+    return (", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")) or "none"

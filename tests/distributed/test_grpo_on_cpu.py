@@ -164,7 +164,7 @@ def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, t
         stages = ("rollout", "reward", "advantages", "update", "weight_sync", "other")
         assert sum(r[f"timing/{k}"] for k in stages) == pytest.approx(r["timing/step"], abs=1e-6)
     step2 = tmp_path / "a" / "rl" / "checkpoints" / "step_000002"
-    assert (step2 / "pending_rollout.pkl").is_file()
+    assert (step2 / "pending_rollout.json").is_file()
 
     # A run killed after its step-2 checkpoint: resume from a copy of it.
     (tmp_path / "b" / "rl" / "checkpoints").mkdir(parents=True)
