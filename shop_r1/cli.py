@@ -126,14 +126,27 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
     _mirror(cfg)
 
 
+def _check_resume(cfg, allow_change: bool) -> None:
+    """--resume: the config must be the run's own (shop_r1/run_config.py); config.yaml is kept as it was (written
+    here only if the run has none) and the changes that go through are recorded in config_history.jsonl."""
+    from shop_r1.run_config import HISTORY_FILE, check_resume, save_run_config
+
+    diff = check_resume(cfg.run_dir, cfg, allow_change)
+    save_run_config(cfg.run_dir, cfg)
+    for label, changes in (("changed on purpose (--allow-config-change)", diff.refused), ("changed", diff.allowed)):
+        for c in changes:
+            print(f"shop-r1: resume: {c.key}: {c.old!r} -> {c.new!r} ({label}; recorded in "
+                  f"{Path(cfg.run_dir) / HISTORY_FILE})", file=sys.stderr, flush=True)
+
+
 def cmd_sft(args: argparse.Namespace) -> None:
-    from shop_r1.config import save_config
     from shop_r1.distributed.runtime import ray_runtime
+    from shop_r1.run_config import start_run_config
     from shop_r1.sft import run_sft
 
     cfg = _config(args)
     model = _model(args, cfg, "sft", "the base model")
-    save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+    start_run_config(cfg.run_dir, cfg)
     with ray_runtime(cfg.ray) as runtime:
         result = run_sft(cfg, model, args.examples, _out_dir(args, cfg, "sft"), runtime.local_mode)
     print(f"SFT: loss {result.first_loss:.4f} -> {result.last_loss:.4f} in {result.num_steps} steps; "
@@ -144,19 +157,24 @@ def cmd_sft(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from shop_r1.config import save_config
+    from shop_r1.config import check_context_budget
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
     from shop_r1.distributed.runtime import ray_runtime
     from shop_r1.rollout.engine import max_model_len
+    from shop_r1.run_config import start_run_config
     from shop_r1.train import run_grpo
 
     cfg = _config(args)
+    if args.resume:  # first: neither the model, nor the data, nor Ray is touched before the config is the run's
+        _check_resume(cfg, args.allow_config_change)
     model = _model(args, cfg, "train", "the SFT model: initial policy and KL reference")
-    save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+    context = max_model_len(cfg, model)
+    check_context_budget(cfg, context, stages=("rl",))
+    if not args.resume:
+        start_run_config(cfg.run_dir, cfg)
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = encode_prompts(tok, load_rl_examples(args.examples),
-                             max_model_len(cfg, model) - cfg.rollout.max_new_tokens)
+    prompts = encode_prompts(tok, load_rl_examples(args.examples), context - cfg.rollout.max_new_tokens)
     with ray_runtime(cfg.ray) as runtime:
         result = run_grpo(cfg, model, prompts, _out_dir(args, cfg, "grpo"), runtime.local_mode, resume=args.resume,
                           pad_id=tok.pad_token_id or 0)
@@ -170,7 +188,8 @@ def cmd_data_rationales(args: argparse.Namespace) -> None:
 
     stats = synthesize_rationales(args.sessions, args.out, endpoint=args.endpoint, model=args.model,
                                   api_key_env=args.api_key_env, concurrency=args.concurrency,
-                                  max_retries=args.max_retries, timeout_s=args.timeout_s, overwrite=args.overwrite)
+                                  max_retries=args.max_retries, timeout_s=args.timeout_s, overwrite=args.overwrite,
+                                  allow_insecure_http=args.allow_insecure_http)
     print(stats)
 
 
@@ -253,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-retries", type=int, default=4)
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a half-done output")
+    p.add_argument("--allow-insecure-http", action="store_true",
+                   help="send the API key over plain http to a host other than this machine (trusted networks only)")
     p.set_defaults(func=cmd_data_rationales)
 
     p = sub.add_parser("sft", help="SFT cold start with the DeepSpeed learner group")
@@ -266,7 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="SFT model folder: initial policy and KL reference")
     p.add_argument("--examples", required=True, type=Path, help="rl_train.jsonl from `data build`")
     p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/grpo")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT_DIR")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in OUT_DIR; the config must be the run's own "
+                        "(RUN_DIR/config.yaml with the changes in config_history.jsonl): a changed key that changes "
+                        "the experiment is refused (see shop_r1/run_config.py)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: change keys that change the experiment on purpose (recorded in "
+                        "RUN_DIR/config_history.jsonl)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 

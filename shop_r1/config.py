@@ -109,8 +109,9 @@ class DataConfig:
     """RL prompts: earlier assistant turns carry the session's recorded rationale with the action, so every
     in-context answer has the output format the model must produce. False gives action-only history (the paper's
     wording), which teaches small models in context to drop the rationale (a format failure)."""
-    max_prompt_tokens: int = 32768
-    """Prompt budget (the paper's 32k context); the oldest pages' HTML is dropped first to fit. An example whose
+    max_prompt_tokens: int = 32512
+    """Prompt budget: the paper's 32k context less the answer (rollout.max_new_tokens = 256), since prompt + answer
+    must fit the model (`check_context_budget`); the oldest pages' HTML is dropped first to fit. An example whose
     current page alone does not fit is left out of training (and counted). Range: >= 1."""
     test_max_prompt_tokens: int = 0
     """Prompt budget of the held-out examples (0: the same as max_prompt_tokens). Set it to the model's context so
@@ -438,8 +439,8 @@ RANGES: dict[str, Range] = {
         "data.test_max_prompt_tokens", "reward.alpha", "rollout.num_cpus_per_engine",
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts", "sft.max_restarts",
-        "rl.val_every", "sft.max_steps"),
+        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts",
+        "sft.max_restarts", "rl.val_every", "sft.max_steps"),
         Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.val_fraction": Range(0, 1, high_open=True),

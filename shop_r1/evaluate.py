@@ -103,6 +103,23 @@ def _write_report(scored: Sequence[ScoredGeneration], out: Path, label: str, sec
     return EvalReport(label, metrics, means, failures, str(preds_path), str(metrics_path), seconds)
 
 
+def load_report(out_dir: str | Path) -> EvalReport:
+    """The report `evaluate` wrote into `out_dir`, read back (a finished evaluation the pipeline skips on a re-run):
+    the metrics recomputed from predictions.jsonl, the reward means and timing from metrics.json."""
+    from shop_r1.metrics import load_predictions_jsonl
+
+    out = Path(out_dir)
+    saved = json.loads((out / "metrics.json").read_text())
+    responses, targets = load_predictions_jsonl(out / "predictions.jsonl")
+    metrics = compute_metrics(responses, targets)
+    if metrics.n != saved.get("n"):
+        raise ValueError(f"{out}: predictions.jsonl holds {metrics.n} predictions, metrics.json says {saved.get('n')}"
+                         ": the evaluation was cut short; remove the folder to evaluate again")
+    means = {f"reward/{k}": saved[f"reward/{k}"] for k in REWARD_TERMS}
+    return EvalReport(saved["label"], metrics, means, int(saved["reward/num_failed"]), str(out / "predictions.jsonl"),
+                      str(out / "metrics.json"), float(saved["seconds"]))
+
+
 def comparison_rows(reports: Sequence[EvalReport], baseline: str = "SFT",
                     train_examples_path: str | Path | None = None,
                     test_examples_path: str | Path | None = None) -> Comparison:

@@ -5,6 +5,12 @@
 Every artefact lands in `run_dir`, starting with the resolved config. Ray is started (or attached to) once for all
 stages; each stage builds its workers and gives them back when done, so the engines and the learner never hold
 memory at the same time on a small machine.
+
+Re-running the same command on the same run folder (after a kill, a lost machine, a crash) continues the run: every
+stage is recorded in RUN/stages.json with a key over its config slice, its outside inputs and the stages it reads
+(shop_r1/stages.py). A finished stage with the same key is skipped (said so), the unfinished one continues from its
+own checkpoints (SFT and GRPO), and a stage whose config or inputs changed runs again, with everything below it.
+config.yaml stays the run's first config; later changes are recorded in config_history.jsonl (shop_r1/run_config.py).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shop_r1.config import Config, save_config
-from shop_r1.data.build import BuiltDatasets
+from shop_r1.config import Config, check_context_budget, config_to_dict
+from shop_r1.run_config import HARMLESS, check_resume, flatten, start_run_config
+from shop_r1.stages import Ledger, file_fingerprint, stage_key
 from shop_r1.storage import mirror_or_warn, mirror_run
 
 
@@ -99,7 +106,39 @@ def _rl_prompts(cfg: Config, model_dir: str, rl_examples_path: str) -> list:
                           max_model_len(cfg, model_dir) - cfg.rollout.max_new_tokens)
 
 
-def _val_prompts(cfg: Config, model_dir: str, built: BuiltDatasets) -> list | None:
+@dataclass(frozen=True)
+class StageData:
+    """What the later stages read of the examples stage (recorded in the ledger, so a skipped stage gives it too)."""
+
+    sft_train_path: str
+    rl_train_path: str
+    rl_test_path: str
+    rl_val_path: str
+    num_rl_val: int
+    summary: str
+
+
+# The config each stage's output depends on (dotted prefixes), less the keys that only set resources, timeouts,
+# logging and checkpoint cadence (shop_r1/run_config.py: HARMLESS); eval.* counts for the evaluation stages.
+STAGE_CONFIG: dict[str, tuple[str, ...]] = {
+    "model": ("model.", "seed", "data.synth_seed", "data.synth_version"),
+    "sessions": ("data.sessions_path", "data.synth_"),
+    "examples": ("data.", "seed"),
+    "eval": ("eval.", "rollout.", "reward.", "seed"),
+    "SFT": ("sft.", "learner.", "seed"),
+    "GRPO": ("rl.", "rollout.", "reward.", "learner.", "seed"),
+}
+
+
+def _config_slice(cfg: Config, stage: str) -> dict:
+    harmless = [h for h in HARMLESS if not (stage == "eval" and h == "eval.") and not (stage == "GRPO" and
+                                                                                        h == "rl.steps")]
+    return {k: v for k, v in flatten(config_to_dict(cfg)).items()
+            if any(k == p or (p.endswith((".", "_")) and k.startswith(p)) for p in STAGE_CONFIG[stage])
+            and not any(k == h or (h.endswith(".") and k.startswith(h)) for h in harmless)}
+
+
+def _val_prompts(cfg: Config, model_dir: str, built: StageData) -> list | None:
     """The fixed validation subset that GRPO scores every `rl.val_every` steps: `rl.val_examples` validation
     examples drawn with the run's seed (spread over sessions, not the first sessions of the file)."""
     import random
@@ -120,26 +159,40 @@ def _pad_id(model_dir: str) -> int:
 
 def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.comparison import format_comparison
-    from shop_r1.data.build import build_datasets
     from shop_r1.distributed.runtime import start_ray
-    from shop_r1.evaluate import comparison_rows, evaluate
+    from shop_r1.evaluate import comparison_rows, evaluate, load_report
     from shop_r1.report import make_report
+    from shop_r1.rollout.engine import max_model_len
     from shop_r1.sft import run_sft
     from shop_r1.train import run_grpo
 
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run / "config.yaml")
+    if (run / "config.yaml").exists():  # a re-run: changed stages run again (their keys say so); record the changes
+        check_resume(run, cfg, allow_change=True)
+    else:
+        start_run_config(run, cfg)
     print(f"run folder: {run.resolve()}", flush=True)
+    ledger = Ledger.open(run)
 
     with _stage("model", cfg):
-        model_dir = prepare_model(cfg, run)
+        k_model = stage_key("model", _config_slice(cfg, "model"),
+                            inputs={"model.path": file_fingerprint(cfg.model.path)} if cfg.model.path else {})
+        model_dir = Path(ledger.run("model", k_model, lambda resume: {"dir": str(prepare_model(cfg, run))})["dir"])
         print(f"  policy model: {model_dir}")
+        # Prompt + answer must fit the model's context: said here, before any stage tokenizes or trains.
+        check_context_budget(cfg, max_model_len(cfg, str(model_dir)))
     with _stage("sessions", cfg):
-        sessions_path = prepare_sessions(cfg, run)
+        sessions_input = {"data.sessions_path": file_fingerprint(cfg.data.sessions_path)} \
+            if cfg.data.sessions_path else {}
+        k_sessions = stage_key("sessions", _config_slice(cfg, "sessions"), inputs=sessions_input)
+        sessions_path = ledger.run("sessions", k_sessions,
+                                   lambda resume: {"path": str(prepare_sessions(cfg, run))})["path"]
     with _stage("examples", cfg):
-        built = build_datasets(sessions_path, run / "data", model_dir, cfg.data, seed=cfg.seed)
-        print(built.render())
+        k_examples = stage_key("examples", _config_slice(cfg, "examples"), [k_model, k_sessions])
+        built = StageData(**ledger.run("examples", k_examples, lambda resume: _build_examples(cfg, sessions_path,
+                                                                                              run, model_dir)))
+        print(built.summary)
 
     eval_path = built.rl_test_path
     if cfg.eval.split == "val":
@@ -159,21 +212,33 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     runtime = start_ray(cfg.ray)
     local = runtime.local_mode
     reports = []
+    k_eval = _config_slice(cfg, "eval")
+
+    def evaluated(name: str, upstream: str, model: str, folder: str, label: str) -> None:
+        key = stage_key(name, {**k_eval, "eval_path": eval_path}, [upstream])
+        out = ledger.run(name, key, lambda resume: {"dir": str(
+            Path(evaluate(cfg, model, eval_path, run / "eval" / folder, label, local).metrics_path).parent)})
+        reports.append(load_report(out["dir"]))
+
     try:
         with _stage("zero-shot eval", cfg):
-            reports.append(evaluate(cfg, str(model_dir), eval_path, run / "eval" / "zero_shot",
-                                    "Zero-shot prompting", local))
+            evaluated("zero-shot eval", k_examples, str(model_dir), "zero_shot", "Zero-shot prompting")
         with _stage("SFT", cfg):
-            sft = run_sft(cfg, str(model_dir), built.sft_train_path, run / "sft", local)
-            print(f"  loss {sft.first_loss:.4f} -> {sft.last_loss:.4f} over {sft.num_steps} steps")
+            k_sft = stage_key("SFT", _config_slice(cfg, "SFT"), [k_examples])
+            sft = ledger.run("SFT", k_sft, lambda resume: _sft_outputs(run_sft(
+                cfg, str(model_dir), built.sft_train_path, run / "sft", local, resume=resume)))
+            print(f"  loss {sft['first_loss']:.4f} -> {sft['last_loss']:.4f} over {sft['num_steps']} steps")
         with _stage("SFT eval", cfg):
-            reports.append(evaluate(cfg, sft.hf_dir, eval_path, run / "eval" / "sft", "SFT", local))
+            evaluated("SFT eval", k_sft, sft["hf_dir"], "sft", "SFT")
         with _stage("GRPO (Shop-R1)", cfg):
-            grpo = run_grpo(cfg, sft.hf_dir, _rl_prompts(cfg, sft.hf_dir, built.rl_train_path), run / "grpo", local,
-                            pad_id=_pad_id(sft.hf_dir), val_prompts=_val_prompts(cfg, sft.hf_dir, built))
-            print(f"  mean reward {grpo.first_reward:.3f} -> {grpo.last_reward:.3f} over {grpo.num_steps} steps")
+            k_grpo = stage_key("GRPO", _config_slice(cfg, "GRPO"), [k_sft])
+            grpo = ledger.run("GRPO", k_grpo, lambda resume: _grpo_outputs(run_grpo(
+                cfg, sft["hf_dir"], _rl_prompts(cfg, sft["hf_dir"], built.rl_train_path), run / "grpo", local,
+                resume=resume, pad_id=_pad_id(sft["hf_dir"]), val_prompts=_val_prompts(cfg, sft["hf_dir"], built))))
+            print(f"  mean reward {grpo['first_reward']:.3f} -> {grpo['last_reward']:.3f} over {grpo['num_steps']} "
+                  "steps")
         with _stage("Shop-R1 eval", cfg):
-            reports.append(evaluate(cfg, grpo.hf_dir, eval_path, run / "eval" / "shop_r1", "Shop-R1", local))
+            evaluated("Shop-R1 eval", k_grpo, grpo["hf_dir"], "shop_r1", "Shop-R1")
     finally:
         runtime.shutdown()
 
@@ -191,5 +256,24 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     if cfg.storage_uri:
         mirrored = mirror_run(run, cfg.storage_uri)
         print(f"mirrored {mirrored.num_files} files to {mirrored.uri}", flush=True)
-    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft.hf_dir,
-                          shop_r1_model_dir=grpo.hf_dir, table=table)
+    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft["hf_dir"],
+                          shop_r1_model_dir=grpo["hf_dir"], table=table)
+
+
+def _build_examples(cfg: Config, sessions_path: str, run: Path, model_dir: Path) -> dict:
+    from shop_r1.data.build import build_datasets
+
+    built = build_datasets(sessions_path, run / "data", model_dir, cfg.data, seed=cfg.seed)
+    return {"sft_train_path": built.sft_train_path, "rl_train_path": built.rl_train_path,
+            "rl_test_path": built.rl_test_path, "rl_val_path": built.rl_val_path, "num_rl_val": built.num_rl_val,
+            "summary": built.render()}
+
+
+def _sft_outputs(result) -> dict:
+    return {"hf_dir": result.hf_dir, "num_steps": result.num_steps, "first_loss": result.first_loss,
+            "last_loss": result.last_loss}
+
+
+def _grpo_outputs(result) -> dict:
+    return {"hf_dir": result.hf_dir, "num_steps": result.num_steps, "first_reward": result.first_reward,
+            "last_reward": result.last_reward}

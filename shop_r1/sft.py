@@ -94,7 +94,7 @@ def _run_sft_attempt(cfg: Config, model_path: str, tokenized: Any, pad: int, out
                          warmup_steps=round(cfg.sft.warmup_ratio * total_steps), lr_schedule=cfg.sft.lr_schedule,
                          learner_cls=learner_cls)
     ckpt_root = out / "checkpoints"
-    step = _resume(ckpt_root, group) if resume else 0
+    step = _resume(ckpt_root, group) if resume else _fresh(ckpt_root)
     tracker = Tracker(cfg.run_dir, cfg.logging, "sft", config_to_dict(cfg), total_steps=total_steps,
                       first_step=step)
     streak = finite.NonFiniteStreak(cfg.sft.max_nonfinite_steps, where="SFT")
@@ -143,6 +143,14 @@ def _resume(ckpt_root: Path, group: LearnerGroup) -> int:
     print(f"SFT resumed from {found} (step {state.step})" +
           (f"; later checkpoints of the abandoned timeline moved to {moved[0].parent}" if moved else ""), flush=True)
     return state.step
+
+
+def _fresh(ckpt_root: Path) -> int:
+    """A run started afresh in a folder with checkpoints: they are moved aside (never deleted), not mixed in."""
+    moved = checkpoint.abandon_later_checkpoints(ckpt_root, 0)
+    if moved:
+        print(f"SFT starts afresh: {len(moved)} earlier checkpoint(s) moved to {moved[0].parent}", flush=True)
+    return 0
 
 
 def _checkpoint(cfg: Config, ckpt_root: Path, group: LearnerGroup, step: int, steps_per_epoch: int) -> None:

@@ -290,7 +290,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     print(f"  threads (torch.get_num_threads): engines {threads['threads/engine_min']}, learner ranks "
           f"{threads['threads/learner_min']}", flush=True)
     sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
-    step, pending = _resume(ckpt_root, learners, sampler) if resume else (0, None)
+    step, pending = _resume(ckpt_root, learners, sampler) if resume else (_fresh(ckpt_root), None)
     sync.push(step)  # engines start from exactly the learner's weights
     # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
     source = RolloutStream(engines, pool, sampler, prompts, lambda t: SamplingSpec(
@@ -385,6 +385,14 @@ def _resume(ckpt_root: Path, learners: Learners, sampler: PromptSampler) -> tupl
     print(f"resumed from {found} (step {state.step})" +
           (f"; later checkpoints of the abandoned timeline moved to {moved[0].parent}" if moved else ""), flush=True)
     return state.step, load_pending(checkpoint.read_extra(found, PENDING_ROLLOUT), where=found / PENDING_ROLLOUT)
+
+
+def _fresh(ckpt_root: Path) -> int:
+    """A run started afresh in a folder with checkpoints: they are moved aside (never deleted), not mixed in."""
+    moved = checkpoint.abandon_later_checkpoints(ckpt_root, 0)
+    if moved:
+        print(f"GRPO starts afresh: {len(moved)} earlier checkpoint(s) moved to {moved[0].parent}", flush=True)
+    return 0
 
 
 def _checkpoint_on_failure(cfg: Config, ckpt_root: Path, learners: Learners, source: RolloutStream,

@@ -10,7 +10,17 @@ import pytest
 import yaml
 
 import shop_r1.config as config_module
-from shop_r1.config import RANGES, Config, ConfigError, Range, check_ranges, load_config, save_config
+from shop_r1.config import (
+    MAX_TOP_K_LOGPROBS,
+    RANGES,
+    Config,
+    ConfigError,
+    Range,
+    check_context_budget,
+    check_ranges,
+    load_config,
+    save_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +35,7 @@ def test_defaults_are_the_papers():
     assert cfg.rl.global_batch_size == 64 and cfg.sft.global_batch_size == 64
     assert (cfg.sft.epochs, cfg.sft.lr) == (4, 2e-5)
     assert (cfg.rl.steps, cfg.rl.lr) == (500, 1e-7)
-    assert cfg.data.max_prompt_tokens == 32768 and cfg.model.max_context_tokens == 32768
+    assert cfg.data.max_prompt_tokens == 32512 and cfg.model.max_context_tokens == 32768
 
 
 def test_yaml_then_dotted_overrides(tmp_path):
@@ -121,7 +131,7 @@ def test_defaults_are_in_range():
     ("rl.num_minibatches=0", ">= 1"),
     ("rl.keep_checkpoints=0", ">= 1"),
     ("ray.num_cpus=-1", ">= 0"),
-    ("rl.lr=.nan", "> 0"),                              # NaN is in no range
+    ("rollout.top_k_logprobs=21", "in [0, 20]"),        # vLLM's default max_logprobs
 ])
 def test_out_of_range_names_key_value_and_range(override, allowed):
     key, text = override.split("=")
@@ -139,7 +149,7 @@ def test_out_of_range_names_key_value_and_range(override, allowed):
                                       "reward_pool.max_failed_fraction=1", "reward_pool.num_cpus_per_worker=0",
                                       "rollout.gpu_memory_utilization=1", "learner.zero_stage=3",
                                       "rollout.top_k_logprobs=0", "logging.console_every=0", "rl.keep_checkpoints=1",
-                                      "rollout.group_size=2"])
+                                      "rollout.group_size=2", "rollout.top_k_logprobs=20"])
 def test_range_edges_that_are_allowed(override):
     load_config(None, [override, "rl.global_batch_size=64"])
 
@@ -191,7 +201,9 @@ def test_range_text():
     assert 0 in Range(0) and 0 not in Range(0, low_open=True)
     assert 1 in Range(0, 1) and 1 not in Range(0, 1, high_open=True)
     assert math.nan not in Range(0)  # noqa: PLW0177 -- `in` calls Range.__contains__, which must reject NaN
-    assert math.inf in Range(0, low_open=True)
+    assert math.inf not in Range(0, low_open=True)  # an open end means any *finite* number
+    assert -math.inf not in Range(high=3)
+    assert 1e308 in Range(0) and 10**400 in Range(1)  # large finite numbers (a huge int is not a float) are fine
 
 
 def _numeric_fields(cls=Config, prefix=""):
@@ -223,3 +235,169 @@ def test_every_numeric_field_has_a_range_and_its_docstring_states_it():
     for key, allowed in RANGES.items():
         cls, name = numeric[key]
         assert f"Range: {allowed}" in docs.get((cls.__name__, name), ""), f"{key}: docstring lacks 'Range: {allowed}'"
+
+
+# ---------------------------------------------------------------------------------------------- issue 22: hardening
+
+
+_FLOAT_KEYS = [key for key, cls, name in _numeric_fields() if typing.get_type_hints(cls)[name] is float]
+
+
+@pytest.mark.parametrize("text, shown", [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan"), ("inf", "inf"),
+                                         ("1e999", "inf")])  # YAML's spellings, a bare word, and an overflow
+@pytest.mark.parametrize("key", _FLOAT_KEYS)
+def test_every_float_field_refuses_non_finite_numbers(key, text, shown):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={text}"])
+    assert f"{key}={shown} is not a finite number: allowed {RANGES[key]}" in str(err.value)
+
+
+def test_float_keys_cover_the_fields_that_used_to_take_inf():
+    # "> 0" and ">= 0" fields took inf before issue 22 (rates, timeouts, Ray resources): they are among the checked.
+    assert {"rl.lr", "rollout.generate_timeout_s", "reward_pool.timeout_s", "rollout.num_cpus_per_engine",
+            "rl.async_is_cap", "reward.dars_factor", "data.synth_noise"} <= set(_FLOAT_KEYS)
+
+
+def test_non_finite_in_a_config_built_in_code():
+    cfg = Config()
+    cfg.rl.kl_beta = math.inf
+    with pytest.raises(ConfigError, match=r"rl\.kl_beta=inf is not a finite number: allowed >= 0"):
+        check_ranges(cfg)
+
+
+def test_top_k_logprobs_bound_is_vllms_default():
+    assert MAX_TOP_K_LOGPROBS == 20 and RANGES["rollout.top_k_logprobs"] == Range(0, 20)
+
+
+def test_every_probability_and_share_is_at_most_one():
+    for key in ("data.synth_noise", "data.val_fraction", "data.test_fraction", "reward.rouge_threshold",
+                "reward_pool.max_failed_fraction", "rollout.gpu_memory_utilization", "sft.warmup_ratio",
+                "rl.clip_eps", "rl.clip_eps_high"):
+        assert RANGES[key].high == 1, key
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"{key}=1.5"])
+        assert f"{key}=1.5 is out of range" in str(err.value)
+
+
+@pytest.mark.parametrize("gpus, tp", [(2, 4), (1, 2), (0.5, 2)])
+def test_tensor_parallel_size_at_most_the_gpus_per_engine(gpus, tp):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"rollout.num_gpus_per_engine={gpus}", f"rollout.tensor_parallel_size={tp}"])
+    assert f"rollout.tensor_parallel_size={tp} is more than the GPUs an engine holds " \
+           f"(rollout.num_gpus_per_engine={gpus:g}): each tensor-parallel worker needs a GPU of its own; " \
+           f"set rollout.num_gpus_per_engine={tp}" in str(err.value)
+
+
+def test_tensor_parallel_size_on_cpu_is_not_checked():
+    # On CPU (no GPUs per engine) each engine is one process and the engine ignores tensor_parallel_size.
+    assert load_config(None, ["rollout.tensor_parallel_size=2"]).rollout.tensor_parallel_size == 2
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A home directory of the test's own (Path.home() reads HOME)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@pytest.mark.parametrize("run_dir, what", [("/", "the filesystem root"), ("/tmp/..", "the filesystem root"),
+                                           ("~", "the home directory"), ("~/", "the home directory"),
+                                           ("HOME", "the home directory"), ("HOME/runs/..", "the home directory"),
+                                           ("LINK", "the home directory")])
+def test_run_dir_is_not_root_or_home(home, tmp_path, run_dir, what):
+    (tmp_path / "link").symlink_to(home)
+    run_dir = run_dir.replace("HOME", str(home)).replace("LINK", str(tmp_path / "link"))
+    cfg = Config(run_dir=run_dir)
+    with pytest.raises(ConfigError) as err:
+        check_ranges(cfg)
+    shown = "/" if what == "the filesystem root" else str(home)
+    assert f"run_dir={run_dir!r} resolves to {shown} ({what}): every stage writes into the run folder and " \
+           "storage_uri copies it whole; give the run a folder of its own, e.g. run_dir=runs/NAME" in str(err.value)
+
+
+def test_relative_run_dir_resolves_from_the_working_directory(home, monkeypatch):
+    monkeypatch.chdir(home)
+    with pytest.raises(ConfigError, match=r"run_dir='\.' resolves to .* \(the home directory\)"):
+        check_ranges(Config(run_dir="."))
+    check_ranges(Config(run_dir="runs/x"))  # a folder under home is fine
+
+
+@pytest.mark.parametrize("run_dir", ["", "  "])
+def test_run_dir_is_not_empty(run_dir, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"run_dir: '{run_dir}'\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"run_dir={run_dir!r} is empty: give the run's own folder, e.g. run_dir=runs/NAME" in str(err.value)
+
+
+def test_run_dir_from_yaml_is_checked(home, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run_dir: '~'\n")  # quoted: a bare ~ is YAML's null (a type error naming run_dir)
+    with pytest.raises(ConfigError, match=r"run_dir='~' resolves to .*\(the home directory\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"run_dir: expected a string, got None"):
+        load_config(None, ["run_dir=~"])
+
+
+# Budgets: training prompts 1000 + answers 100 = 1100; held-out prompts 900 + eval answers 50 = 950; SFT 1024.
+BUDGET = ["data.max_prompt_tokens=1000", "rollout.max_new_tokens=100", "data.test_max_prompt_tokens=900",
+          "eval.max_new_tokens=50", "sft.max_seq_len=1024", "model.max_context_tokens=2048"]
+
+
+def test_context_budget_that_fits():
+    check_context_budget(load_config(None, BUDGET), 1100)  # 1000 + 100 = 1100 <= 1100, 950 <= 1100, 1024 <= 1100
+
+
+def test_context_budget_names_the_keys_to_change():
+    with pytest.raises(ConfigError) as err:
+        check_context_budget(load_config(None, BUDGET), 1000)
+    lines = str(err.value).splitlines()
+    context = "the model's context of 1000 tokens (model.max_context_tokens=2048, capped by the model's own positions)"
+    assert lines == [
+        # 1000 + 100 = 1100 > 1000: the prompt budget may be 1000 - 100 = 900
+        f"data.max_prompt_tokens=1000 + rollout.max_new_tokens=100 = 1100 tokens do not fit {context}: "
+        "set data.max_prompt_tokens <= 900 or lower rollout.max_new_tokens",
+        # the held-out set: 900 + 50 = 950 fits; SFT: 1024 > 1000
+        f"sft.max_seq_len=1024 does not fit {context}: set sft.max_seq_len <= 1000"]
+
+
+def test_context_budget_of_the_held_out_set_falls_back_to_the_training_budget():
+    cfg = load_config(None, [*BUDGET, "data.test_max_prompt_tokens=0"])  # 0: data.max_prompt_tokens (1000)
+    with pytest.raises(ConfigError) as err:
+        check_context_budget(cfg, 1040, stages=("eval",))  # 1000 + 50 = 1050 > 1040; the rl pair is not checked
+    assert str(err.value) == (
+        "data.max_prompt_tokens=1000 + eval.max_new_tokens=50 = 1050 tokens do not fit the model's context of 1040 "
+        "tokens (model.max_context_tokens=2048, capped by the model's own positions): set data.max_prompt_tokens "
+        "<= 990 or lower eval.max_new_tokens")
+
+
+def test_context_budget_of_validation_answers():
+    # rl.val_every > 0: validation prompts (the held-out budget, 900) are answered with rollout.max_new_tokens (100).
+    cfg = load_config(None, [*BUDGET, "data.max_prompt_tokens=800", "rl.val_every=5"])
+    check_context_budget(cfg, 1000, stages=("rl",))  # 800 + 100 and 900 + 100 both fit 1000
+    with pytest.raises(ConfigError, match=r"^data\.test_max_prompt_tokens=900 \+ rollout\.max_new_tokens=100 = 1000 "
+                                          r"tokens do not fit .*: set data\.test_max_prompt_tokens <= 899 or lower "
+                                          r"rollout\.max_new_tokens$"):
+        check_context_budget(cfg, 999, stages=("rl",))
+
+
+def test_context_budget_answer_alone_too_long():
+    cfg = load_config(None, [*BUDGET, "rollout.max_new_tokens=1200"])
+    with pytest.raises(ConfigError, match=r"lower rollout\.max_new_tokens below 1100 \(and data\.max_prompt_tokens "
+                                          r"to fit the rest\)"):
+        check_context_budget(cfg, 1100, stages=("rl",))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_context_budget_needs_a_context_length(bad):
+    with pytest.raises(ValueError, match="max_model_len"):
+        check_context_budget(Config(), bad)
+
+
+def test_shipped_small_model_configs_fit_their_models():
+    # demo_cpu: the from-scratch model (model.max_context_tokens=4096); demo_smollm2_cpu: SmolLM2's 8192 positions.
+    check_context_budget(load_config(REPO / "configs" / "demo_cpu.yaml"), 4096)
+    check_context_budget(load_config(REPO / "configs" / "demo_smollm2_cpu.yaml"), 8192, stages=("rl", "eval", "sft"))

@@ -165,12 +165,13 @@ def test_run_sft_max_steps(tmp_path, monkeypatch, overrides, steps, epochs):
     made = []
 
     class FakeGroup:
-        def __init__(self, model_path, learner, lr, total_steps, seed, local, warmup_steps, lr_schedule="constant"):
+        def __init__(self, model_path, learner, lr, total_steps, seed, local, warmup_steps, lr_schedule="constant",
+                     learner_cls=None):
             made.append((total_steps, warmup_steps))
             self.lr = lr
 
         def sft_step(self, per_rank, num_tokens):
-            return [SimpleNamespace(loss=1.0, grad_norm=0.0, lr=self.lr)]
+            return [SimpleNamespace(loss=1.0, grad_norm=0.0, lr=self.lr, nonfinite="")]
 
         def save_hf(self, path):
             pass

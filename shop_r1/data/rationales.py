@@ -15,11 +15,18 @@ in input order to `OUT` atomically (aside + rename), then `OUT.partial` is remov
 both, and the re-run just finalizes again. So every input session appears exactly once, in input order.
 A step that still fails after all retries stops new requests (queued ones are dropped; running ones finish and
 their sessions are flushed); then `RationaleError` names every failed session/step, and the next run resumes.
+
+The API key. It is sent only over https, or over http to this machine (localhost, 127.0.0.0/8, ::1): a key in
+plain http to another host can be read by anyone on the path, so that is refused before any file or socket is
+touched, unless `allow_insecure_http` (`--allow-insecure-http`) says the network is trusted (an SSH tunnel, a
+private VPC). Plain http without a key is allowed: no secret travels (the prompts do; use https for sensitive
+sessions). Redirects are not followed, so the key only ever goes to the URL given.
 """
 
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import random
@@ -128,14 +135,45 @@ class _Transient(Exception):
         self.retry_after_s = retry_after_s
 
 
+def is_loopback_host(host: str | None) -> bool:
+    """`localhost` or a loopback IP literal (127.0.0.0/8, ::1): traffic to it never leaves this machine."""
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve anywhere
+        return False
+
+
+def check_key_transport(endpoint: str, has_key: bool, allow_insecure_http: bool = False) -> None:
+    """ValueError naming `endpoint` and the flag when an API key would go over plain http to another machine."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if has_key and parts.scheme == "http" and not is_loopback_host(parts.hostname) and not allow_insecure_http:
+        raise ValueError(
+            f"refusing to send the API key over plain http to {endpoint!r}: anyone on the network path can read it. "
+            "Use an https:// endpoint, a loopback one (localhost, 127.0.0.1, ::1, e.g. through an SSH tunnel), or "
+            "pass allow_insecure_http=True (--allow-insecure-http) if you trust the network. An endpoint that needs "
+            "no key works over http once the key variable is unset.")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error (HTTP 3xx, not retried): the Authorization header never follows one elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 class _ChatClient:
     """Thread-safe caller of `{endpoint}/v1/chat/completions` with retries; counts requests and retries."""
 
     def __init__(self, endpoint: str, model: str, api_key: str | None, max_retries: int, timeout_s: float,
-                 max_tokens: int) -> None:
+                 max_tokens: int, allow_insecure_http: bool = False) -> None:
         base = endpoint.rstrip("/")
         if not base.startswith(("http://", "https://")):
             raise ValueError(f"endpoint must be an http(s) base URL such as http://127.0.0.1:8000, got {endpoint!r}")
+        check_key_transport(endpoint, bool(api_key), allow_insecure_http)
         # Accept both the server root and the OpenAI-style base URL that already ends in /v1.
         self.url = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
         self.model, self.max_retries, self.timeout_s, self.max_tokens = model, max_retries, timeout_s, max_tokens
@@ -143,9 +181,10 @@ class _ChatClient:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         # A proxy from the environment (http_proxy) must not capture a server on this machine.
-        host = urllib.parse.urlsplit(base).hostname
-        self._open = (urllib.request.build_opener(urllib.request.ProxyHandler({})).open
-                      if host in ("127.0.0.1", "localhost", "::1") else urllib.request.urlopen)
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        if is_loopback_host(urllib.parse.urlsplit(base).hostname):
+            handlers.append(urllib.request.ProxyHandler({}))
+        self._open = urllib.request.build_opener(*handlers).open
         self._lock = threading.Lock()
         self.requests = 0
         self.retries = 0
@@ -258,17 +297,22 @@ def _read_partial(path: Path, sessions: tuple[Session, ...]) -> dict[int, Sessio
 def synthesize_rationales(sessions_path: str | Path, out_path: str | Path, endpoint: str, model: str,
                           api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8, max_retries: int = 4,
                           timeout_s: float = 60.0, overwrite: bool = False, max_tokens: int = MAX_TOKENS,
-                          page_char_budget: int = PAGE_CHAR_BUDGET) -> RationaleRunStats:
+                          page_char_budget: int = PAGE_CHAR_BUDGET,
+                          allow_insecure_http: bool = False) -> RationaleRunStats:
     """Write `out_path`: the sessions of `sessions_path`, in order, with every missing rationale filled.
 
     Resumes from `out_path + ".partial"` (see the module docstring); `overwrite` discards it and replaces an
     existing `out_path`, which is otherwise refused (unless it is the input itself: filling in place is fine).
     `timeout_s` bounds each socket operation of a request. Raises RationaleError naming the failed steps.
+    `allow_insecure_http` lets the key (from `$api_key_env`) go over plain http to a host other than this machine;
+    without it that is a ValueError, raised before any file is read or written.
     """
     if concurrency < 1 or max_retries < 0 or timeout_s <= 0 or max_tokens < 1 or page_char_budget < 1:
         raise ValueError("need concurrency >= 1, max_retries >= 0, timeout_s > 0, max_tokens >= 1, "
                          f"page_char_budget >= 1; got {concurrency}, {max_retries}, {timeout_s}, {max_tokens}, "
                          f"{page_char_budget}")
+    client = _ChatClient(endpoint, model, os.environ.get(api_key_env), max_retries, timeout_s, max_tokens,
+                         allow_insecure_http)
     sessions = load_sessions(sessions_path).sessions
     out, partial = Path(out_path), Path(f"{out_path}.partial")
     if overwrite:
@@ -276,7 +320,6 @@ def synthesize_rationales(sessions_path: str | Path, out_path: str | Path, endpo
     elif out.exists() and not partial.exists() and not out.samefile(sessions_path):
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     done = _read_partial(partial, sessions)
-    client = _ChatClient(endpoint, model, os.environ.get(api_key_env), max_retries, timeout_s, max_tokens)
     partial.parent.mkdir(parents=True, exist_ok=True)
     with open(partial, "a", encoding="utf-8") as sink:
         def finish(index: int, session: Session) -> None:

@@ -1,5 +1,7 @@
 """Cluster files: the Ray autoscaler YAMLs validate against Ray's own schema, the KubeRay manifests carry the fields
-KubeRay requires, and the shop-r1 cluster configs load and fit on the GPUs the clusters provide.
+KubeRay requires, the shop-r1 cluster configs load and fit on the GPUs the clusters provide, and every cluster is
+closed by default (token authentication, the dashboard on loopback, a firewall / NetworkPolicy that admits only the
+cluster's own nodes, storage that is not world-writable, no token in the repository).
 
 Offline and credential-free: `prepare_config` only merges the provider's defaults.yaml shipped in the `ray` package
 (no boto3 / Google client import, no network), and the network is blocked while it runs to prove it.
@@ -11,6 +13,7 @@ import copy
 import json
 import re
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,10 @@ GPUS_PER_NODE = 8
 EXPECTED_AUTOSCALER_YAMLS = {"aws-a100.yaml", "gcp-a100.yaml"}
 NODES_OF_CONFIG = {"a100-1node.yaml": 1, "a100-2node.yaml": 2}
 GPU_EXTRA_INSTALL = re.compile(r"pip install\b.*-e\s+(['\"]?)\.\[gpu\]\1")
+TOKEN_FILE = "~/.ray/auth_token"
+"""Where `ray get-auth-token --generate` writes the token locally, and where Ray looks for it by default on a node."""
+POD_LABEL = "shop-r1/ray-cluster"
+"""The pod-template label networkpolicy.yaml selects the Ray pods by."""
 
 
 def _autoscaler_yamls() -> list[Path]:
@@ -107,7 +114,7 @@ def test_autoscaler_yaml_project_facts(path):
     assert any(GPU_EXTRA_INSTALL.search(c) for c in commands), commands
     assert "." in raw["file_mounts"].values()
     assert any(c.startswith("cd ~/shop-r1") for c in raw["setup_commands"])
-    assert set(raw["file_mounts"]) == {"~/shop-r1"}
+    assert set(raw["file_mounts"]) == {"~/shop-r1", TOKEN_FILE}
 
     docker = raw["docker"]
     assert docker["image"].startswith("rayproject/ray:") and docker["image"].endswith("-gpu")
@@ -281,6 +288,238 @@ def test_the_required_field_check_finds_what_is_missing():
     assert "headGroupSpec.template.spec.containers[0].image: missing" in problems
     group["replicas"] = 2
     assert "minReplicas <= replicas <= maxReplicas" in "\n".join(raycluster_spec_problems(spec))
+
+
+# ---------------------------------------------------------------------------------------------- closed by default
+# The dashboard is also the job-submission API: whoever reaches it runs code on every node. So every cluster file
+# turns Ray's token authentication on, keeps the dashboard on loopback (reached through an SSH tunnel or
+# `kubectl port-forward`), admits only the cluster's own nodes at the network level, and never makes storage
+# world-writable; the token itself is made by the user or the operator and never written into the repository.
+
+CLUSTER_FILES = sorted(p for p in CLUSTER.rglob("*") if p.is_file())
+RAY_MANIFESTS = [KUBERAY / "raycluster.yaml", KUBERAY / "rayjob.yaml"]
+DASHBOARD_OPEN_TO_PODS = {"rayjob.yaml"}
+"""Manifests whose dashboard must listen on the pod IP: KubeRay's submitter pod submits the job and the operator polls
+its status through the head Service. networkpolicy.yaml must then admit exactly those two (tested below)."""
+DASHBOARD_HOST = re.compile(r"--dashboard-host[= ](\S+)")
+NAMESPACE = "ml"
+"""The namespace the tests place the Ray pods and the policies in (the manifests name none)."""
+
+
+def _exported(shell: str) -> dict[str, str]:
+    """The variables `export A=1 B=2` statements in `shell` set (unexpanded)."""
+    env = {}
+    for statement in re.findall(r"\bexport\s+([^;&|>]+)", shell):
+        env.update(word.strip("'\"").split("=", 1) for word in statement.split() if "=" in word)
+    return env
+
+
+@pytest.mark.parametrize("path", AUTOSCALER_YAMLS, ids=lambda p: p.name)
+def test_autoscaler_yaml_starts_every_node_with_token_auth(path):
+    raw = yaml.safe_load(path.read_text())
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in raw[key]
+              if "ray start" in c]
+    assert len(starts) == 2, starts
+    for command in starts:
+        env = _exported(command.split("ray start")[0])
+        assert env.get("RAY_AUTH_MODE") == "token", command
+        assert env.get("RAY_AUTH_TOKEN_PATH") == "$HOME/.ray/auth_token", command
+    # The token travels from the user's machine (outside the checkout) to the path Ray reads on every node; setup
+    # stops loudly without it and keeps it private; later shells (`ray exec`, `ray attach`) get token mode too.
+    assert raw["file_mounts"][TOKEN_FILE] == TOKEN_FILE
+    assert any("test -s ~/.ray/auth_token" in c and "chmod 600 ~/.ray/auth_token" in c and "exit 1" in c
+               for c in raw["setup_commands"])
+    assert any(_exported(c).get("RAY_AUTH_MODE") == "token" and ">> ~/.bashrc" in c for c in raw["setup_commands"])
+
+
+@pytest.mark.parametrize("path", AUTOSCALER_YAMLS, ids=lambda p: p.name)
+def test_autoscaler_dashboard_listens_on_loopback_only(path):
+    raw = yaml.safe_load(path.read_text())
+    assert DASHBOARD_HOST.findall(" ".join(raw["head_start_ray_commands"])) == ["127.0.0.1"]
+    commands = [c for key, value in raw.items() if key.endswith("_commands") for c in value]
+    assert not any("0.0.0.0" in c for c in commands), "nothing may listen on every interface"
+    assert "ray dashboard" in path.read_text().split("\n\n", 1)[0], "the header shows the SSH tunnel"
+
+
+def test_aws_nodes_join_only_a_security_group_the_user_made():
+    raw = yaml.safe_load((CLUSTER / "aws-a100.yaml").read_text())
+    groups = {name: t["node_config"].get("SecurityGroupIds") for name, t in raw["available_node_types"].items()}
+    # With SecurityGroupIds on every node type Ray makes no group of its own (Ray's own group would open SSH to
+    # 0.0.0.0/0: ray/autoscaler/_private/aws/config.py, _create_default_ssh_inbound_rules). One group for all nodes:
+    # its self-referencing rule is what lets the nodes reach each other.
+    assert all(groups.values()) and len({tuple(g) for g in groups.values()}) == 1, groups
+    assert "security_group" not in raw["provider"]
+    readme = (CLUSTER / "README.md").read_text()
+    assert "UserIdGroupPairs=[{GroupId=$SG}]" in readme and "--port 22" in readme, "README: how to make the group"
+
+
+def test_gcp_nodes_sit_in_their_own_network_behind_tag_firewall_rules():
+    raw = yaml.safe_load((CLUSTER / "gcp-a100.yaml").read_text())
+    for name, node_type in raw["available_node_types"].items():
+        node_config = node_type["node_config"]
+        assert "shop-r1-ray" in node_config["tags"]["items"], name
+        # Every node type names its interfaces, so Ray does not pick the project's `default` subnet for it.
+        subnets = [i["subnetwork"] for i in node_config["networkInterfaces"]]
+        assert subnets and all(s.endswith("/subnetworks/shop-r1-subnet") for s in subnets), name
+    readme = (CLUSTER / "README.md").read_text()
+    for flag in ("--source-tags=shop-r1-ray", "--target-tags=shop-r1-ray", "--rules=tcp:22", "--network=shop-r1-net"):
+        assert flag in readme, f"README: the firewall rules ({flag})"
+
+
+@pytest.mark.parametrize("path", AUTOSCALER_YAMLS, ids=lambda p: p.name)
+def test_shared_storage_belongs_to_the_ray_user(path):
+    init = "\n".join(yaml.safe_load(path.read_text())["initialization_commands"])
+    assert re.search(r"chown 1000:100 /mnt/shared\b", init), "the container's ray user (uid 1000, gid 100)"
+    assert re.search(r"chmod 2?7[75]0 /mnt/shared\b", init)
+
+
+def test_no_cluster_file_makes_anything_world_accessible():
+    for path in CLUSTER_FILES:
+        text = path.read_text()
+        assert "777" not in text and "a+rwx" not in text, path.name
+        for mode in re.findall(r"\bchmod\s+(?:-R\s+)?(\S+)", text):
+            if mode.isdigit():
+                assert mode[-1] == "0", f"{path.name}: chmod {mode} gives other users access"
+            else:  # symbolic: nothing granted to "o", "a" or no one named (which means all, less the umask)
+                for clause in mode.split(","):
+                    who, op = re.match(r"^([ugoa]*)([-+=]?)", clause).groups()
+                    assert op == "-" or (who and not set(who) & {"o", "a"}), f"{path.name}: chmod {mode}"
+
+
+def _ray_doc(path: Path) -> dict:
+    return next(d for d in _docs(path) if d.get("apiVersion") == "ray.io/v1")
+
+
+def _ray_spec(path: Path) -> dict:
+    spec = _ray_doc(path)["spec"]
+    return spec.get("rayClusterSpec", spec)
+
+
+def _pod_templates(spec: dict) -> list[tuple[str, dict]]:
+    """(ray.io/node-type, template) of the head and every worker group."""
+    return [("head", spec["headGroupSpec"]["template"])] + [("worker", g["template"]) for g in spec["workerGroupSpecs"]]
+
+
+@pytest.mark.parametrize("path", RAY_MANIFESTS, ids=lambda p: p.name)
+def test_kuberay_cluster_has_token_auth_and_a_loopback_dashboard(path):
+    spec = _ray_spec(path)
+    # KubeRay >= 1.5.1 creates the token Secret and sets RAY_AUTH_MODE=token + RAY_AUTH_TOKEN on every Ray container.
+    assert spec["authOptions"] == {"mode": "token"}
+    assert tuple(int(n) for n in spec["rayVersion"].split(".")[:2]) >= (2, 52), "token auth needs Ray >= 2.52"
+    host = spec["headGroupSpec"]["rayStartParams"]["dashboard-host"]
+    # rayjob.yaml's exception is checked by test_only_the_rayjob_head_admits_its_submitter_and_the_operator.
+    assert host == ("0.0.0.0" if path.name in DASHBOARD_OPEN_TO_PODS else "127.0.0.1"), host
+    for role, template in _pod_templates(spec):
+        for container in template["spec"]["containers"]:
+            for env in container.get("env") or []:
+                assert env["name"] != "RAY_AUTH_TOKEN" or "value" not in env, "the token comes from a Secret"
+                assert env["name"] != "RAY_AUTH_MODE" or env.get("value") == "token"
+        security = template["spec"]["securityContext"]
+        assert security["runAsNonRoot"] is True and security["runAsUser"] == 1000, role
+        assert security["fsGroup"] == 100, f"{role}: the shared volume belongs to the ray user's group"
+
+
+def _matches(selector: dict | None, labels: dict) -> bool:
+    assert not (selector or {}).get("matchExpressions"), "this test reads matchLabels only"
+    return all(labels.get(k) == v for k, v in ((selector or {}).get("matchLabels") or {}).items())
+
+
+def _peer_matches(peer: dict, source: dict) -> bool:
+    if "ipBlock" in peer:
+        return True  # an address range: counted as open
+    if "namespaceSelector" in peer:
+        in_namespace = _matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": source["namespace"]})
+    else:
+        in_namespace = source["namespace"] == NAMESPACE  # a bare podSelector: the policy's own namespace
+    return in_namespace and ("podSelector" not in peer or _matches(peer["podSelector"], source["labels"]))
+
+
+def _admits(policies: list[dict], pod: dict, source: dict, port: int) -> bool:
+    """Kubernetes' reading of NetworkPolicy: a pod that some Ingress policy selects takes only traffic that a rule of
+    one of those policies admits (its peers and its ports; a missing list means all)."""
+    selecting = [p["spec"] for p in policies if _matches(p["spec"]["podSelector"], pod["labels"])
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    if not selecting:
+        return True
+    return any((not rule.get("ports") or any(int(p["port"]) == port and p.get("protocol", "TCP") == "TCP"
+                                             for p in rule["ports"]))
+               and (not rule.get("from") or any(_peer_matches(peer, source) for peer in rule["from"]))
+               for spec in selecting for rule in spec.get("ingress") or [])
+
+
+def _pod(labels: dict, namespace: str = NAMESPACE) -> dict:
+    return {"labels": labels, "namespace": namespace}
+
+
+def _ray_pods(path: Path) -> dict[str, dict]:
+    """The head and a worker pod as KubeRay labels them (template labels + ray.io/node-type + ray.io/cluster)."""
+    return {role: _pod({**template["metadata"]["labels"], "ray.io/node-type": role, "ray.io/cluster": "generated"})
+            for role, template in _pod_templates(_ray_spec(path))}
+
+
+def test_networkpolicy_parses_and_selects_every_ray_pod():
+    policies = _docs(KUBERAY / "networkpolicy.yaml")
+    assert policies and all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy"
+                            and p["metadata"]["name"] and p["spec"]["policyTypes"] == ["Ingress"] for p in policies)
+    for path in RAY_MANIFESTS:
+        name = _ray_doc(path)["metadata"]["name"]
+        for role, pod in _ray_pods(path).items():
+            assert pod["labels"][POD_LABEL] == name, f"{path.name} {role}: label the pods {POD_LABEL}: {name}"
+            assert any(_matches(p["spec"]["podSelector"], pod["labels"]) for p in policies), f"{path.name} {role}"
+
+
+def test_networkpolicy_admits_only_the_clusters_own_pods():
+    policies = _docs(KUBERAY / "networkpolicy.yaml")
+    operator = _pod({"app.kubernetes.io/component": "kuberay-operator"}, namespace="default")
+    for path in RAY_MANIFESTS:
+        pods = _ray_pods(path)
+        strangers = [_pod({"app": "notebook"}), _pod({POD_LABEL: "someone-else"}), _pod({}),
+                     _pod(pods["worker"]["labels"], namespace="elsewhere")]  # the right labels, another namespace
+        for role, pod in pods.items():
+            for port in (6379, 8076, 8265, 10001, 29500, 52365):  # GCS, object manager, dashboard, client, NCCL, agent
+                assert all(_admits(policies, pod, peer, port) for peer in pods.values()), (path.name, role, port)
+                assert not any(_admits(policies, pod, peer, port) for peer in strangers), (path.name, role, port)
+            assert not _admits(policies, pod, operator, 6379), (path.name, role)
+
+
+def test_only_the_rayjob_head_admits_its_submitter_and_the_operator():
+    policies = _docs(KUBERAY / "networkpolicy.yaml")
+    job = _one(KUBERAY / "rayjob.yaml", "RayJob")
+    assert job["spec"]["submissionMode"] == "K8sJobMode"  # the submitter is a Job named after the RayJob
+    submitter = _pod({"batch.kubernetes.io/job-name": job["metadata"]["name"]})
+    operator = _pod({"app.kubernetes.io/component": "kuberay-operator"}, namespace="default")
+    lookalikes = [_pod({"batch.kubernetes.io/job-name": "another-job"}),
+                  _pod({"app.kubernetes.io/component": "kuberay-operator"})]  # the operator's label, wrong namespace
+    head = _ray_pods(KUBERAY / "rayjob.yaml")["head"]
+    for peer in (submitter, operator):
+        assert _admits(policies, head, peer, 8265) and not _admits(policies, head, peer, 6379)
+    assert not any(_admits(policies, head, peer, 8265) for peer in lookalikes)
+    others = [*_ray_pods(KUBERAY / "raycluster.yaml").values(), _ray_pods(KUBERAY / "rayjob.yaml")["worker"]]
+    assert not any(_admits(policies, pod, peer, 8265) for pod in others for peer in (submitter, operator))
+
+
+def test_no_token_is_written_into_the_repository():
+    for path in [*CLUSTER_FILES, *sorted(CONFIGS.glob("*.yaml"))]:
+        text = path.read_text()
+        assert not re.search(r"\b[0-9a-fA-F]{32,}\b", text), f"{path.name}: a token-like hex string"
+        for value in re.findall(r"\bRAY_AUTH_TOKEN\b\s*[=:]\s*(\S*)", text):
+            assert value.startswith(("$", '"$')) or value == "", f"{path.name}: RAY_AUTH_TOKEN={value}"
+    for path in AUTOSCALER_YAMLS + [CLUSTER / "runtime_env.yaml"]:  # their values, comments aside
+        values = json.dumps(yaml.safe_load(path.read_text()))
+        assert not re.search(r"\bRAY_AUTH_TOKEN\b", values), f"{path.name}: pass the token's path, not the token"
+    try:
+        tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked-files check needs git")
+    names = [Path(line).name for line in tracked.stdout.splitlines()]
+    assert not [n for n in names if n == "auth_token" or n.endswith(".token")]
+
+
+def test_readme_shows_how_to_reach_a_closed_cluster():
+    readme = (CLUSTER / "README.md").read_text()
+    for needed in ("ray get-auth-token --generate", "export RAY_AUTH_MODE=token", "ray dashboard cluster/",
+                   "kubectl port-forward", "kubectl apply -f cluster/kuberay/networkpolicy.yaml", "## Security"):
+        assert needed in readme, needed
 
 
 # ---------------------------------------------------------------------------------------------- shop-r1 configs

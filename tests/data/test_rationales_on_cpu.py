@@ -17,7 +17,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from procs import stop_session
 
-from shop_r1.data.rationales import RationaleError, build_messages, clean_answer, synthesize_rationales
+from shop_r1.data.rationales import (
+    RationaleError,
+    build_messages,
+    check_key_transport,
+    clean_answer,
+    synthesize_rationales,
+)
 from shop_r1.data.sessions import load_sessions, write_sessions
 from shop_r1.types import Action, Session, Step
 
@@ -302,6 +308,89 @@ def test_unreachable_endpoint_is_retried_then_names_the_step(tmp_path):
     stats = failed.value.stats
     assert stats.num_failed >= 1 and stats.num_requests == 2 * stats.num_failed
     assert (tmp_path / "out.jsonl.partial").read_text() == "" and not (tmp_path / "out.jsonl").exists()
+
+
+# ---------------------------------------------------------------- where the API key may go
+
+def _no_network(monkeypatch) -> list:
+    """Every outgoing connection is recorded and refused; no proxy from the environment is in the way."""
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    tried = []
+
+    def refuse(address, *args, **kwargs):
+        tried.append(address)
+        raise OSError("network access is not allowed in this test")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    return tried
+
+
+def test_a_key_over_plain_http_to_another_host_is_refused_before_anything_happens(tmp_path, monkeypatch):
+    tried = _no_network(monkeypatch)
+    monkeypatch.setenv("SHOP_R1_TEST_KEY", "sekrit")
+    write_sessions(_sessions_with_gaps(1), tmp_path / "in.jsonl")
+    (tmp_path / "out.jsonl.partial").write_text("")  # overwrite=True must not have removed it either
+    for endpoint in ("http://rationales.example:8000", "http://10.0.0.7:8000/v1", "http://[2001:db8::1]:8000"):
+        with pytest.raises(ValueError, match=rf"plain http to '{re.escape(endpoint)}'.*--allow-insecure-http"):
+            synthesize_rationales(tmp_path / "in.jsonl", tmp_path / "out.jsonl", endpoint, "m",
+                                  api_key_env="SHOP_R1_TEST_KEY", overwrite=True)
+    assert tried == [] and (tmp_path / "out.jsonl.partial").exists() and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_key_over_plain_http_to_this_machine_is_sent(scripted, tmp_path, monkeypatch):
+    endpoint = scripted(lambda key, attempt: _ok(key))
+    sessions = _sessions_with_gaps(1)
+    write_sessions(sessions, tmp_path / "in.jsonl")
+    monkeypatch.setenv("SHOP_R1_TEST_KEY", "sekrit")
+    synthesize_rationales(tmp_path / "in.jsonl", tmp_path / "out.jsonl", endpoint.url, "m",
+                          api_key_env="SHOP_R1_TEST_KEY")
+    assert endpoint.url.startswith("http://127.0.0.1:") and endpoint.auth == {"Bearer sekrit"}
+    _assert_filled(sessions, load_sessions(tmp_path / "out.jsonl").sessions)
+
+
+@pytest.mark.parametrize("endpoint,has_key,allow,refused", [
+    ("http://rationales.example:8000", True, False, True),    # the key in clear text across the network
+    ("http://rationales.example:8000", True, True, False),    # ... unless the user says the network is trusted
+    ("http://rationales.example:8000", False, False, False),  # no key: nothing secret is sent
+    ("https://rationales.example", True, False, False),       # TLS
+    ("http://127.0.0.1:8000", True, False, False),            # loopback never leaves the machine
+    ("http://127.8.9.1:8000", True, False, False),
+    ("http://localhost:8000/v1", True, False, False),
+    ("http://LOCALHOST:8000", True, False, False),
+    ("http://[::1]:8000", True, False, False),
+    ("http://localhost.rationales.example", True, False, True),  # a name that only starts like localhost
+    ("http://127.0.0.1.rationales.example", True, False, True),
+    ("http://0.0.0.0:8000", True, False, True),               # not loopback: "this host" on some systems, any on others
+])
+def test_which_endpoints_may_receive_a_key(endpoint, has_key, allow, refused):
+    if refused:
+        with pytest.raises(ValueError, match=re.escape(endpoint)):
+            check_key_transport(endpoint, has_key, allow)
+    else:
+        check_key_transport(endpoint, has_key, allow)
+
+
+def test_allow_insecure_http_lets_the_request_go_out(tmp_path, monkeypatch):
+    tried = _no_network(monkeypatch)
+    monkeypatch.setenv("SHOP_R1_TEST_KEY", "sekrit")
+    write_sessions(_sessions_with_gaps(1), tmp_path / "in.jsonl")
+    with pytest.raises(RationaleError, match="URLError"):  # it got as far as connecting (refused by the test)
+        synthesize_rationales(tmp_path / "in.jsonl", tmp_path / "out.jsonl", "http://rationales.example:8000", "m",
+                              api_key_env="SHOP_R1_TEST_KEY", max_retries=0, concurrency=1,
+                              allow_insecure_http=True)
+    assert tried and all(address == ("rationales.example", 8000) for address in tried)
+
+
+def test_a_redirect_is_not_followed_with_the_key(scripted, tmp_path, monkeypatch):
+    elsewhere = scripted(lambda key, attempt: _ok(key))
+    endpoint = scripted(lambda key, attempt: (307, "moved", {"Location": elsewhere.url + "/v1/chat/completions"}))
+    write_sessions(_sessions_with_gaps(1), tmp_path / "in.jsonl")
+    monkeypatch.setenv("SHOP_R1_TEST_KEY", "sekrit")
+    with pytest.raises(RationaleError, match="HTTP 307"):
+        synthesize_rationales(tmp_path / "in.jsonl", tmp_path / "out.jsonl", endpoint.url, "m",
+                              api_key_env="SHOP_R1_TEST_KEY", concurrency=1)
+    assert endpoint.auth == {"Bearer sekrit"} and not elsewhere.attempts  # the key went nowhere else
 
 
 # ---------------------------------------------------------------- the request and the answer
