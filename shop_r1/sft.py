@@ -154,9 +154,8 @@ def _fresh(ckpt_root: Path) -> int:
 
 
 def _checkpoint(cfg: Config, ckpt_root: Path, group: LearnerGroup, step: int, steps_per_epoch: int) -> None:
-    if not group.weights_finite():  # never publish NaN/inf weights; the previous checkpoint stays the latest
-        raise finite.NonFiniteError(f"SFT step {step}: the learner's weights are not finite; refusing to checkpoint "
-                                    f"them (latest complete checkpoint: {checkpoint.latest(ckpt_root)})")
+    # Never publish NaN/inf weights: the previous checkpoint stays the latest.
+    finite.check_weights_finite(group.nonfinite_weights(), f"SFT step {step}", checkpoint.latest(ckpt_root))
     epoch, position = divmod(step, steps_per_epoch)
     state = checkpoint.TrainState(step, epoch, position, checkpoint.capture_rng())
     checkpoint.save(ckpt_root, state, config_to_dict(cfg), lambda d: group.save_checkpoint(d, {"step": step}))

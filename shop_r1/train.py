@@ -416,9 +416,8 @@ def _state_after(step: int, sampler: PromptSampler) -> checkpoint.TrainState:
 
 def _checkpoint(cfg: Config, ckpt_root: Path, learners: Learners, state: checkpoint.TrainState,
                 pending: bytes | None) -> None:
-    if not learners.weights_finite():  # never publish NaN/inf weights; the previous checkpoint stays the latest
-        raise finite.NonFiniteError(f"GRPO step {state.step}: the learner's weights are not finite; refusing to "
-                                    f"checkpoint them (latest complete checkpoint: {checkpoint.latest(ckpt_root)})")
+    # Never publish NaN/inf weights: the previous checkpoint stays the latest.
+    finite.check_weights_finite(learners.nonfinite_weights(), f"GRPO step {state.step}", checkpoint.latest(ckpt_root))
     checkpoint.save(ckpt_root, state, config_to_dict(cfg),
                     lambda d: learners.save_checkpoint(d, {"step": state.step}),
                     extra={PENDING_ROLLOUT: pending} if pending is not None else None)

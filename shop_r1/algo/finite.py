@@ -74,10 +74,14 @@ class NonFiniteStreak:
                                  "resuming with --resume")
 
 
-def check_weights_finite(named: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
-    """Raise NonFiniteError naming the first parameters that hold NaN or inf (at most 5 named)."""
-    bad = [name for name, t in named if not all_finite(t.detach())]
+def nonfinite_names(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the parameters that hold NaN or inf (a learner reports them before a checkpoint)."""
+    return [name for name, t in named if not all_finite(t.detach())]
+
+
+def check_weights_finite(bad: list[str], where: str, latest: object) -> None:
+    """Raise NonFiniteError naming the first (at most 5) non-finite parameters `bad`; nothing when it is empty."""
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise NonFiniteError(f"{where}: non-finite weights in {', '.join(bad[:5])}{more}; refusing to write them "
-                             "(the previous checkpoint is kept)")
+        raise NonFiniteError(f"{where}: non-finite weights in {', '.join(bad[:5])}{more}; refusing to checkpoint "
+                             f"them (latest complete checkpoint: {latest})")

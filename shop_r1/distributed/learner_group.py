@@ -116,9 +116,10 @@ class LearnerGroup:
     def num_threads(self) -> list[int]:
         return get([r.num_threads.remote() for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
 
-    def weights_finite(self) -> bool:
-        """Every rank checks (under ZeRO-3 reading the weights is a collective); True when all are finite."""
-        return all(get([r.weights_finite.remote() for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S))
+    def nonfinite_weights(self) -> list[str]:
+        """Every rank checks (under ZeRO-3 reading the weights is a collective); the names any rank found."""
+        found = get([r.nonfinite_weights.remote() for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+        return sorted({name for names in found for name in names})
 
     def shutdown(self) -> None:
         for r in self.ranks:

@@ -54,8 +54,8 @@ class Learners(Protocol):
     def num_threads(self) -> list[int]:
         """torch.get_num_threads() in each rank."""
 
-    def weights_finite(self) -> bool:
-        """True when every policy parameter on every rank is finite (checked before a checkpoint)."""
+    def nonfinite_weights(self) -> list[str]:
+        """The policy parameters holding NaN or inf on any rank (checked before a checkpoint); [] when finite."""
 
     def shutdown(self) -> None: ...
 

@@ -390,7 +390,7 @@ class DeepSpeedLearner:
 
         Where the gradients sit on the parameters we measure them before the step; where ZeRO keeps them in its own
         partitioned buffers only the losses can be checked before it, and DeepSpeed's own norm is read after it (a
-        non-finite one is then reported, and `weights_finite` keeps such weights out of any checkpoint).
+        non-finite one is then reported, and `nonfinite_weights` keeps such weights out of any checkpoint).
         """
         from shop_r1.algo.finite import CAUSES, learner_cause
 
@@ -412,11 +412,11 @@ class DeepSpeedLearner:
             cause = learner_cause((), norm) if ds_norm is not None else ""
         return norm, cause
 
-    def weights_finite(self) -> bool:
-        """True when every parameter of the policy is finite (checked before a checkpoint is written)."""
-        from shop_r1.algo.finite import all_finite
+    def nonfinite_weights(self) -> list[str]:
+        """The names of the policy's parameters that hold NaN or inf (checked before a checkpoint is written)."""
+        from shop_r1.algo.finite import nonfinite_names
 
-        return all(all_finite(t) for _, t in self.named_weights())
+        return nonfinite_names(self.named_weights())
 
     def _empty_batch(self) -> MicroBatch:
         one = torch.zeros((1, 2), dtype=torch.long)

@@ -211,8 +211,8 @@ class FakeLearners:
         os.makedirs(ckpt_dir, exist_ok=True)
         self.saved.append(client_state["step"])
 
-    def weights_finite(self):
-        return True
+    def nonfinite_weights(self):
+        return []
 
 
 def test_a_failure_after_the_update_checkpoints_the_learners_step(tmp_path):

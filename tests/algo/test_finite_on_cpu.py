@@ -50,10 +50,15 @@ def test_streak_stops_after_the_limit_in_a_row_and_resets_on_a_finite_step():
 
 
 def test_weight_check_names_the_bad_parameters():
-    finite.check_weights_finite([("a", torch.ones(2)), ("b", torch.zeros(3))], "here")
-    with pytest.raises(finite.NonFiniteError, match=r"here: non-finite weights in b, c; refusing"):
-        finite.check_weights_finite([("a", torch.ones(2)), ("b", torch.tensor([math.nan])),
-                                     ("c", torch.tensor([1.0, -math.inf]))], "here")
+    named = [("a", torch.ones(2)), ("b", torch.tensor([math.nan])), ("c", torch.tensor([1.0, -math.inf]))]
+    assert finite.nonfinite_names(named[:1]) == []
+    assert finite.nonfinite_names(named) == ["b", "c"]
+    finite.check_weights_finite([], "here", "step_000001")  # finite: nothing raised
+    with pytest.raises(finite.NonFiniteError, match=r"here: non-finite weights in b, c; refusing to checkpoint them "
+                                                   r"\(latest complete checkpoint: step_000001\)"):
+        finite.check_weights_finite(["b", "c"], "here", "step_000001")
+    with pytest.raises(finite.NonFiniteError, match=r"in p0, p1, p2, p3, p4 and 2 more;"):
+        finite.check_weights_finite([f"p{i}" for i in range(7)], "here", None)
 
 
 class RecordingLearners:
