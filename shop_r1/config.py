@@ -230,7 +230,7 @@ class SFTConfig:
     """If > 0, run exactly this many optimizer steps instead of `epochs` passes (the data is passed over as many times
     as needed, reshuffled each pass, as HF Trainer's max_steps; warmup_ratio applies to these steps). 0: `epochs`
     passes. The experiments' "SFT continued" row uses it to match the RL stage's wall time. Range: >= 0."""
-    checkpoint_every: int = 50
+    checkpoint_every: int = 20
     """Save a resumable checkpoint (weights, optimizer, schedule, data position) every this many steps, atomically
     as GRPO does (shop_r1/checkpoint.py); a rerun of `shop-r1 pipeline` or `shop-r1 sft --resume` continues from the
     newest. Range: >= 1."""
@@ -318,8 +318,11 @@ class RLConfig:
     after group-std scaling). False: a group whose format + action_type + attribute + value all tie is zero-signal
     (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included.
     A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties."""
-    checkpoint_every: int = 50
-    """Save a resumable checkpoint every this many steps (and at the end). Range: >= 1."""
+    checkpoint_every: int = 10
+    """Save a resumable checkpoint every this many steps (and at the end): what a crash that no restart covers can
+    cost. Measured (benchmarks/bench_checkpoint.py, 2-core CPU): SmolLM2-135M's checkpoint (1.6 GB with AdamW
+    state) takes 3.4 s against a 40.6 s GRPO step, so every 10 steps costs 0.8% of the run and risks at most ~7
+    minutes; every 50 would risk 34. Range: >= 1."""
     max_restarts: int = 2
     """A learner rank (or any actor the loop cannot replace) that dies ends the attempt: the driver tears the actors
     down and resumes from the last complete checkpoint in the same process, at most this many times. Range: >= 0."""
