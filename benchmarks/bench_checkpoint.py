@@ -56,7 +56,7 @@ def main() -> None:
         for i in range(args.repeats):
             state = checkpoint.TrainState(i + 1, 0, i, checkpoint.capture_rng())
             start = time.perf_counter()
-            saved = checkpoint.save(root, state, {}, lambda d: learner.save_checkpoint(d, {"step": i + 1}))
+            saved = checkpoint.save(root, state, {}, lambda d, i=i: learner.save_checkpoint(d, {"step": i + 1}))
             times.append(time.perf_counter() - start)
             size = _folder_bytes(saved)
             checkpoint.prune(root, 1)

@@ -334,7 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Dotted overrides may also follow a flag (`train ... --resume rl.steps=8`): argparse leaves those over, and
+    # parse_intermixed_args refuses subparsers, so they are taken here; anything else left over is still an error.
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in ("pipeline", "sft", "train", "eval"):
         # Which copy of the code runs: under `ray job submit` it is the uploaded working_dir, not an installed one.
         # stderr: stdout stays machine-readable (`eval metrics --json`).

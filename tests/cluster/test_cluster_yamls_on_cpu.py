@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -255,6 +256,47 @@ def test_rayjob_manifest():
         nodes = NODES_OF_CONFIG[match.group(3)]
         gpu_group = _gpu_group(spec["rayClusterSpec"])
         assert gpu_group["maxReplicas"] >= gpu_group["replicas"] >= nodes
+
+
+def rayjob_retry_problems(docs: list[dict]) -> list[str]:
+    """What keeps a RayJob's retry from resuming; [] when it resumes. A retry runs the entrypoint again on a new
+    RayCluster: it resumes only if the command continues a run (`shop-r1 pipeline` does by itself, `shop-r1 train`
+    with --resume) and run_dir is on a volume claim that outlives the cluster, mounted where the driver runs (the
+    head) and on every worker pod (learner ranks write checkpoint shards there)."""
+    job = next(d for d in docs if d.get("kind") == "RayJob")
+    spec, problems = job["spec"], []
+    if not spec.get("backoffLimit", 0) >= 1:
+        problems.append(f"spec.backoffLimit: {spec.get('backoffLimit', 0)}: a failed attempt is never retried")
+    command = shlex.split(spec["entrypoint"])
+    if command[:2] != ["shop-r1", "pipeline"] and not (command[:2] == ["shop-r1", "train"] and "--resume" in command):
+        problems.append(f"spec.entrypoint: {' '.join(command[:2])} starts afresh on a retry (pipeline, or train "
+                        "--resume, continue a run)")
+    config = CONFIGS / Path(command[command.index("--config") + 1]).name
+    run_dir = Path(load_config(config, [a for a in command[2:] if "=" in a and not a.startswith("-")]).run_dir)
+    claims = {d["metadata"]["name"] for d in docs if d.get("kind") == "PersistentVolumeClaim"}
+    for role, template in _pod_templates(spec["rayClusterSpec"]):
+        on_claims = {v["name"] for v in template["spec"].get("volumes", [])
+                     if (v.get("persistentVolumeClaim") or {}).get("claimName") in claims}
+        mounts = [m["mountPath"] for m in template["spec"]["containers"][0].get("volumeMounts", [])
+                  if m["name"] in on_claims]
+        if not any(run_dir.is_relative_to(m) for m in mounts):
+            problems.append(f"{role}: run_dir {run_dir} is not on a mounted volume claim ({mounts}): a retry's new "
+                            "cluster would not find the run")
+    return problems
+
+
+def test_a_rayjob_retry_resumes_the_run_from_the_shared_volume():
+    docs = _docs(KUBERAY / "rayjob.yaml")
+    assert rayjob_retry_problems(docs) == []
+    assert "a retry resumes" in (KUBERAY / "rayjob.yaml").read_text().lower(), "the manifest says so"
+    # The check finds each way a retry would start over.
+    bad = copy.deepcopy(docs)
+    job = next(d for d in bad if d.get("kind") == "RayJob")
+    job["spec"]["backoffLimit"] = 0
+    job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace("pipeline", "train") + " run_dir=/tmp/runs/x"
+    problems = "\n".join(rayjob_retry_problems(bad))
+    assert "backoffLimit: 0" in problems and "starts afresh" in problems
+    assert "head: run_dir /tmp/runs/x is not on a mounted volume claim" in problems
 
 
 @pytest.mark.parametrize("path", [KUBERAY / "raycluster.yaml", KUBERAY / "rayjob.yaml"], ids=lambda p: p.name)

@@ -71,7 +71,7 @@ def test_pipeline_killed_during_sft_resumes_and_ends_as_an_uninterrupted_run(tmp
             assert time.monotonic() < deadline, "SFT never reached step 3"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its Ray processes and every worker at once
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its GCS and raylet at once (the workers then exit)
         proc.wait()
     ledger = json.loads((killed / "stages.json").read_text())
     assert ledger["SFT"]["status"] == "started" and ledger["zero-shot eval"]["status"] == "done"
