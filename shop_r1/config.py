@@ -175,11 +175,25 @@ class RolloutConfig:
     """Ray CPUs reserved per engine. Range: >= 0."""
     num_gpus_per_engine: float = 0.0
     """Set by the GPU configs (= tensor_parallel_size); 0 on CPU. Range: >= 0."""
+    resources: str = ""
+    """Ray custom resources each engine takes, so the engines land only on nodes that offer them (a node started with
+    `ray start --resources='{"rollout_node": 1}'`; `node:<ip>=0.01` names one node), e.g. `rollout_node=0.01`
+    (fractions let many engines share such a node). Empty: any node with the CPUs and GPUs.
+    Format: name=amount pairs joined by commas; each amount > 0, whole above 1 (`parse_resources`)."""
+    placement_timeout_s: float = 300.0
+    """How long the engines may wait for a node with room for them (CPUs, GPUs and `resources`), at start and for
+    each replacement of a dead engine; past it the start fails, or the run stops with an error after a checkpoint,
+    naming the resources and the cluster's nodes (e.g. the only node offering `resources` is gone). Range: > 0."""
     max_engine_restarts: int = 3
     """Engines that die (or hang past generate_timeout_s) are replaced, re-synced and their prompts requeued, at most
     this many times per run; past it the run stops with an error after a checkpoint. Range: >= 0."""
     generate_timeout_s: float = 1800.0
     """An engine that returns none of its pending chunks within this many seconds counts as hung. Range: > 0."""
+    weight_sync_timeout_s: float = 0.0
+    """One weight sync (learner rank 0 to every engine) must end within this many seconds; an engine still receiving
+    then counts as hung and is replaced like a dead one (max_engine_restarts). Each bucket's broadcast waits at most
+    half of it. 0: derived from the weights' bytes, 300 s + bytes / 50 MB/s (shop_r1/distributed/deadlines.py).
+    Range: >= 0."""
 
 
 @dataclass
@@ -209,6 +223,17 @@ class LearnerConfig:
     """Ray CPUs reserved per rank. Range: >= 0."""
     num_gpus_per_rank: float = 0.0
     """Ray GPUs reserved per rank (1 on GPU configs, 0 on CPU). Range: >= 0."""
+    step_timeout_s: float = 0.0
+    """A learner call that runs the model (a GRPO or SFT step, the self-certainty, probe and eval-loss forwards) not
+    done within this many seconds counts as a hung learner: the run restarts from its last checkpoint
+    (rl.max_restarts, sft.max_restarts). 0: derived, 600 s + the batch's tokens per rank / 100 per s
+    (shop_r1/distributed/deadlines.py). Range: >= 0."""
+    checkpoint_timeout_s: float = 0.0
+    """The same for saving or loading a checkpoint or the HF model. 0: derived, 600 s + 8 x the bytes of the model
+    folder's weight files / 50 MB/s (checkpoints live on shared storage). Range: >= 0."""
+    resources: str = ""
+    """Ray custom resources each rank's placement bundle takes, so the ranks land only on nodes that offer them (as
+    rollout.resources). Format: name=amount pairs joined by commas; each amount > 0, whole above 1."""
 
 
 @dataclass
@@ -274,6 +299,9 @@ class RewardPoolConfig:
     error naming the cause; 1.0 turns the check off. Range: in [0, 1]."""
     num_cpus_per_worker: float = 0.5
     """Ray CPUs reserved per reward actor (0: they share the CPUs the engines and ranks leave). Range: >= 0."""
+    resources: str = ""
+    """Ray custom resources each reward actor takes, so the pool lands only on nodes that offer them (as
+    rollout.resources). Format: name=amount pairs joined by commas; each amount > 0, whole above 1."""
 
 
 @dataclass
@@ -435,7 +463,8 @@ RANGES: dict[str, Range] = {
     # > 0: rates, scales, timeouts, sizes given as floats
     **dict.fromkeys((
         "reward.dars_factor", "rollout.temperature", "rollout.kv_cache_gib", "learner.grad_clip", "sft.lr",
-        "reward_pool.timeout_s", "reward_pool.ready_timeout_s", "rl.lr", "rollout.generate_timeout_s"),
+        "reward_pool.timeout_s", "reward_pool.ready_timeout_s", "rl.lr", "rollout.generate_timeout_s",
+        "rollout.placement_timeout_s"),
         Range(0, low_open=True)),
     # >= 0: weights, Ray resources, and counts where 0 means "the default" / "all" / "never"
     **dict.fromkeys((
@@ -443,7 +472,8 @@ RANGES: dict[str, Range] = {
         "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
         "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
         "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts",
-        "sft.max_restarts", "rl.val_every", "sft.max_steps"),
+        "sft.max_restarts", "rl.val_every", "sft.max_steps", "rollout.weight_sync_timeout_s",
+        "learner.step_timeout_s", "learner.checkpoint_timeout_s"),
         Range(0)),
     "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
     "data.val_fraction": Range(0, 1, high_open=True),
@@ -491,9 +521,46 @@ def _run_dir_problems(run_dir: str) -> list[str]:
             for path, what in forbidden.items() if path in resolved]
 
 
+PLACEMENT_KEYS = ("rollout.resources", "learner.resources", "reward_pool.resources")
+"""The fields that place actors by Ray custom resources (`parse_resources`)."""
+RAY_RESOURCE_UNIT = 1e-4
+"""Ray counts resource amounts in units of 1e-4: a smaller amount is 0 to it."""
+
+
+def parse_resources(text: str, key: str) -> dict[str, float]:
+    """`"name=amount,name=amount"` (spaces around the parts allowed; empty: none) as {name: amount}, the Ray custom
+    resources one actor takes. A `ConfigError` naming `key` when malformed: each amount a number > 0 that Ray takes
+    (at least 1e-4, whole above 1), each name once, no spaces in it, and not CPU / GPU / memory (their own fields)."""
+    fmt = "format: name=amount pairs joined by commas, e.g. 'rollout_node=0.01,zone_a=1'"
+    if not isinstance(text, str):
+        raise ConfigError(f"{key}={text!r}: expected a string ({fmt})")
+    out: dict[str, float] = {}
+    if not text.strip():
+        return out
+    for item in text.split(","):
+        name, sep, amount_text = (part.strip() for part in item.partition("="))
+        if not sep or not name or any(c.isspace() for c in name):
+            raise ConfigError(f"{key}={text!r}: {item.strip()!r} is not name=amount ({fmt})")
+        if name in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise ConfigError(f"{key}={text!r}: {name} is not a custom resource (CPUs and GPUs have their own "
+                              "num_cpus_* / num_gpus_* fields)")
+        if name in out:
+            raise ConfigError(f"{key}={text!r}: {name!r} is given twice")
+        try:
+            amount = float(amount_text)
+        except ValueError:
+            amount = math.nan
+        if not (math.isfinite(amount) and amount >= RAY_RESOURCE_UNIT) or (amount > 1 and not amount.is_integer()):
+            raise ConfigError(f"{key}={text!r}: the amount of {name!r} must be a number Ray takes, at least "
+                              f"{RAY_RESOURCE_UNIT:g} and whole above 1; got {amount_text!r}")
+        out[name] = amount
+    return out
+
+
 def check_ranges(cfg: Config) -> None:
     """Raise one `ConfigError` listing every numeric field out of its range (dotted key, value, allowed range),
-    and the cross-field rules. `load_config` runs it; code that builds or edits a `Config` itself should too."""
+    the malformed placement fields (`PLACEMENT_KEYS`) and the cross-field rules. `load_config` runs it; code that
+    builds or edits a `Config` itself should too."""
     problems, bad = [], set()
     for key, allowed in RANGES.items():
         value = _get(cfg, key)
@@ -519,6 +586,11 @@ def check_ranges(cfg: Config) -> None:
         elif gpus >= 1 and gpus != tp:
             problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an "
                             "engine holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
+    for key in PLACEMENT_KEYS:
+        try:
+            parse_resources(_get(cfg, key), key)
+        except ConfigError as e:
+            problems.append(str(e))
     problems.extend(_run_dir_problems(cfg.run_dir))
     if problems:
         raise ConfigError("\n".join(problems))

@@ -64,7 +64,8 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
         except Exception as e:
             if local or not is_actor_death(e) or attempt == cfg.sft.max_restarts:
                 raise
-            print(f"[sft] an actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]}); actors torn down, "
+            print(f"[sft] an actor died or hung ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                  "actors torn down, "
                   f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.sft.max_restarts})",
                   flush=True)
     out = Path(out_dir)

@@ -208,7 +208,8 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
         except Exception as e:
             if local or not is_actor_death(e) or attempt == cfg.rl.max_restarts:
                 raise
-            print(f"[grpo] an actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]}); actors torn down, "
+            print(f"[grpo] an actor died or hung ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                  "actors torn down, "
                   f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.rl.max_restarts})",
                   flush=True)
     raise AssertionError("unreachable")
@@ -277,32 +278,36 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     print(f"  starting {cfg.rollout.num_engines} rollout engine(s) (vLLM), {cfg.reward_pool.num_workers} reward "
           f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy (DeepSpeed), and the "
           "weight-sync group", flush=True)
-    engines: Engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
-                                   engine_cls=engine_cls)
-    pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
-    learners: Learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
-                                      reference_path=policy_path, learner_cls=learner_cls)
-    backend = sync_backend(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_engine)
-    sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, backend)
-    if not local:
-        print(f"  weight sync: bucketed {backend} broadcast from learner rank 0 to the engines", flush=True)
-    threads = {"threads/engine_min": min(engines.num_threads()), "threads/learner_min": min(learners.num_threads())}
-    print(f"  threads (torch.get_num_threads): engines {threads['threads/engine_min']}, learner ranks "
-          f"{threads['threads/learner_min']}", flush=True)
-    sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
-    step, pending = _resume(ckpt_root, learners, sampler) if resume else (_fresh(ckpt_root), None)
-    sync.push(step)  # engines start from exactly the learner's weights
-    # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
-    source = RolloutStream(engines, pool, sampler, prompts, lambda t: SamplingSpec(
-        n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + t,
-        max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs),
-        cfg.rl.async_level, cfg.rl.steps, local, version=step, pending=pending)
-    tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,
-                      first_step=step)
-    files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
-    learner_step = step  # updates the learner has applied (ahead of `step`'s log line between update and log)
-    nonfinite = finite.NonFiniteStreak(cfg.rl.max_nonfinite_steps)
+    # Whatever was started is torn down on the way out, a failure during start-up included (a restart must not leave
+    # the previous attempt's actors running).
+    engines = pool = learners = source = tracker = files = None
     try:
+        engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
+                              engine_cls=engine_cls)
+        pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
+        learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
+                                reference_path=policy_path, learner_cls=learner_cls)
+        backend = sync_backend(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_engine)
+        sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, backend)
+        if not local:
+            print(f"  weight sync: bucketed {backend} broadcast from learner rank 0 to the engines", flush=True)
+        threads = {"threads/engine_min": min(engines.num_threads()),
+                   "threads/learner_min": min(learners.num_threads())}
+        print(f"  threads (torch.get_num_threads): engines {threads['threads/engine_min']}, learner ranks "
+              f"{threads['threads/learner_min']}", flush=True)
+        sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
+        step, pending = _resume(ckpt_root, learners, sampler) if resume else (_fresh(ckpt_root), None)
+        sync.push(step)  # engines start from exactly the learner's weights
+        # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
+        source = RolloutStream(engines, pool, sampler, prompts, lambda t: SamplingSpec(
+            n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + t,
+            max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs),
+            cfg.rl.async_level, cfg.rl.steps, local, version=step, pending=pending)
+        tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,
+                          first_step=step)
+        files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
+        learner_step = step  # updates the learner has applied (ahead of `step`'s log line between update and log)
+        nonfinite = finite.NonFiniteStreak(cfg.rl.max_nonfinite_steps)
         if val_prompts and step == 0:  # the SFT policy's figures; a resumed run logged its step's before stopping
             tracker.log(0, validate(engines, val_prompts, cfg, version=0))
         while step < cfg.rl.steps:
@@ -333,15 +338,16 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                 _checkpoint(cfg, ckpt_root, learners, _state_after(step, sampler), source.pending_bytes())
         learners.save_hf(str(out / "hf"))
     except EngineFailure:  # past rollout.max_engine_restarts: keep what the learner reached, then stop
-        _checkpoint_on_failure(cfg, ckpt_root, learners, source, sampler, learner_step)
+        if source is not None:  # (a failure while starting up has nothing new to keep)
+            _checkpoint_on_failure(cfg, ckpt_root, learners, source, sampler, learner_step)
         raise
     finally:
-        source.close()
-        tracker.close()
-        files.close()
-        engines.shutdown()
-        pool.shutdown()
-        learners.shutdown()
+        for part in (source, tracker, files):
+            if part is not None:
+                part.close()
+        for group in (engines, pool, learners):
+            if group is not None:
+                group.shutdown()
     return GRPOResult(str(out / "hf"), step, rewards_seen[0] if rewards_seen else 0.0,
                       rewards_seen[-1] if rewards_seen else 0.0, time.perf_counter() - start_time)
 

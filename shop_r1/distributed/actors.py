@@ -22,7 +22,8 @@ FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELI
 
 
 class ActorTimeout(TimeoutError):
-    """An actor call did not finish within its timeout."""
+    """An actor call did not finish within its timeout (shop_r1/distributed/deadlines.py): the actor is hung, and
+    `is_actor_death` counts it as dead."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Resources:
     """Extra environment for this actor (e.g. RANK / MASTER_ADDR for a learner rank)."""
     placement_group: Any = None
     bundle_index: int = -1
+    custom: dict[str, float] = field(default_factory=dict)
+    """Ray custom resources this actor takes (e.g. {"rollout_node": 0.01}): it is placed only on nodes that offer
+    them (config: rollout.resources, learner.resources, reward_pool.resources)."""
 
 
 class LocalRef:
@@ -116,6 +120,8 @@ def spawn(cls: type, *args: Any, local: bool, resources: Resources = Resources()
 
     options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
                                "runtime_env": {"env_vars": actor_env(resources.env)}}
+    if resources.custom:
+        options["resources"] = dict(resources.custom)
     if resources.placement_group is not None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -131,8 +137,11 @@ def _unwrap(ref: Any) -> Any:
     return ref.value
 
 
-def get(refs: Any, timeout_s: float | None = None) -> Any:
-    """Resolve one ref or a list of refs (Ray or local); raises the remote error, or ActorTimeout."""
+def get(refs: Any, timeout_s: float | None = None, what: str = "") -> Any:
+    """Resolve one ref or a list of refs (Ray or local); raises the remote error, or ActorTimeout.
+
+    The driver always passes `timeout_s` (shop_r1/distributed/deadlines.py) and `what`: the call and the config key
+    of its timeout, for the ActorTimeout's message."""
     single = not isinstance(refs, (list, tuple))
     items = [refs] if single else list(refs)
     if all(isinstance(r, LocalRef) for r in items):
@@ -143,7 +152,7 @@ def get(refs: Any, timeout_s: float | None = None) -> Any:
         try:
             values = ray.get(items, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as e:
-            raise ActorTimeout(f"actor call not done after {timeout_s}s") from e
+            raise ActorTimeout(f"{what or 'actor call'}: not done within {timeout_s:g} s") from e
     return values[0] if single else values
 
 
@@ -157,8 +166,23 @@ def wait_first(refs: Sequence[Any], timeout_s: float | None = None) -> tuple[lis
     return ready, pending
 
 
+def wait_all(refs: Sequence[Any], timeout_s: float) -> list[Any]:
+    """The refs whose calls finished (returned or raised) within `timeout_s`: all of them unless the time ran out.
+    Raises nothing; `get` on a finished ref returns its value or raises its error at once."""
+    if all(isinstance(r, LocalRef) for r in refs):
+        return list(refs)
+    import ray
+
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    return ready
+
+
 def is_actor_death(error: BaseException) -> bool:
-    """The actor's process is gone (killed, crashed, its node lost), as opposed to an error its method raised."""
+    """The actor's process is gone (killed, crashed, its node lost), or a call to it passed its deadline
+    (ActorTimeout: it no longer answers, and the driver that handles this kills it), as opposed to an error its
+    method raised. The GRPO and SFT drivers restart from the last checkpoint on either."""
+    if isinstance(error, ActorTimeout):
+        return True
     try:
         import ray
     except ImportError:

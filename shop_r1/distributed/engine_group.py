@@ -8,7 +8,14 @@ Faults: an engine whose process dies during a call (killed, OOM, segfault, node 
 chunks within `rollout.generate_timeout_s`, is replaced by a fresh engine on the same resources; `on_replace` (set by
 the weight sync) brings every engine to the learner's current weights and version before it serves again, and the
 lost chunks are resubmitted. Sampling is seeded per request, so the requeued prompts draw the samples they would
-have drawn. At most `rollout.max_engine_restarts` replacements per run, then EngineFailure.
+have drawn. An engine still receiving weights at the sync's deadline (`rollout.weight_sync_timeout_s`) is replaced
+the same way (shop_r1/distributed/weight_sync.py). At most `rollout.max_engine_restarts` replacements per run, then
+EngineFailure.
+
+Placement: each engine takes `rollout.num_cpus_per_engine` CPUs, `num_gpus_per_engine` GPUs and the custom resources
+of `rollout.resources`. The engines at start and every replacement wait at most `rollout.placement_timeout_s` for a
+node with room for them: when the only nodes offering `rollout.resources` are gone, the replacement is an
+EngineFailure naming the resources and the nodes (the driver checkpoints, and the run resumes once a node is back).
 """
 
 from __future__ import annotations
@@ -18,16 +25,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shop_r1.config import RolloutConfig
+from shop_r1.config import RolloutConfig, parse_resources
+from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, is_actor_death, kill, spawn, wait_first
 from shop_r1.distributed.reward_pool import RewardPool
+from shop_r1.distributed.runtime import PlacementTimeout, wait_placeable
 from shop_r1.types import Generation, Prompt, SamplingSpec, ScoredGeneration, ScoreRequest
-
-GENERATE_TIMEOUT_S = 3600.0
 
 
 class EngineFailure(RuntimeError):
-    """Rollout engines failed more often than rollout.max_engine_restarts allows."""
+    """Rollout engines failed more often than rollout.max_engine_restarts allows, or a dead engine's replacement found
+    no room on the cluster within rollout.placement_timeout_s."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,13 @@ class EngineGroup:
         if local and cfg.num_engines != 1:
             raise ValueError(f"rollout.num_engines={cfg.num_engines}: local mode runs exactly one engine in-process "
                              "(vLLM pins this process's threads); use Ray for more")
-        resources = Resources(num_cpus=cfg.num_cpus_per_engine, num_gpus=cfg.num_gpus_per_engine)
+        resources = Resources(num_cpus=cfg.num_cpus_per_engine, num_gpus=cfg.num_gpus_per_engine,
+                              custom=parse_resources(cfg.resources, "rollout.resources"))
+        self._bundle = {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.custom}
+        """One engine's resources: what must fit a live node before an engine is spawned."""
+        if not local:
+            wait_placeable([self._bundle] * cfg.num_engines, cfg.placement_timeout_s,
+                           f"{cfg.num_engines} rollout engine(s)", "rollout.placement_timeout_s")
         # Each engine gets its own sampling seed so the group does not draw the same samples on every engine.
         self._make = lambda i: spawn(engine_cls, model_path, cfg, max_model_len, seed + 1000 * i, local=local,
                                      resources=resources)
@@ -68,6 +82,8 @@ class EngineGroup:
         """Generate calls per engine per batch (more would overlap scoring with generation at the cost of smaller
         decode batches)."""
         self.local, self.cfg = local, cfg
+        self.start_timeout_s = deadlines.start_timeout_s(deadlines.model_bytes(model_path))
+        """An engine's start (vLLM loading the model): the bound of a call that may be a fresh engine's first."""
         self.restarts = 0
         self.on_replace: Callable[[], None] | None = None
         """Called after every replacement: brings all engines to the learner's weights and version."""
@@ -89,6 +105,12 @@ class EngineGroup:
             kill(self.engines[index])
         except Exception:  # noqa: BLE001 - already gone is what we expect
             pass
+        try:  # Ray would keep a replacement that fits no live node pending forever: bound the wait
+            wait_placeable([self._bundle], self.cfg.placement_timeout_s, "its replacement",
+                           "rollout.placement_timeout_s")
+        except PlacementTimeout as e:
+            raise EngineFailure(f"rollout engine {index} {reason}; {e}. Bring back a node that offers the engines' "
+                                "resources (or change rollout.resources), then resume the run (--resume)") from None
         self.engines[index] = self._make(index)
         print(f"[engines] engine {index} {reason}: replaced by a fresh engine (restart {self.restarts} of at most "
               f"{self.cfg.max_engine_restarts}); its prompts are requeued", flush=True)
@@ -134,7 +156,7 @@ class EngineGroup:
             for ref in ready:
                 index, handle, rng = pending.pop(ref)
                 try:
-                    gens = get(ref)
+                    gens = get(ref, timeout_s=self.cfg.generate_timeout_s, what="a finished generate's result")
                 except Exception as e:  # noqa: BLE001 - only an engine's death is recovered, the rest re-raised
                     if not is_actor_death(e):
                         raise
@@ -174,18 +196,27 @@ class EngineGroup:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Load the same tensors into every engine (through the object store; the GRPO loop uses weight_sync)."""
-        tensors = list(named_tensors)
-        get([e.load_weights.remote(tensors, version) for e in self.engines], timeout_s=GENERATE_TIMEOUT_S)
+        tensors, override = list(named_tensors), self.cfg.weight_sync_timeout_s
+        num_bytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        get([e.load_weights.remote(tensors, version) for e in self.engines],
+            timeout_s=deadlines.weight_sync_timeouts(num_bytes, override).push_s,
+            what=f"loading weights into the engines ({deadlines.explain('rollout.weight_sync_timeout_s', override)})")
 
     def set_policy_version(self, version: int) -> None:
         """Stamp every engine with `version` without new weights (after an update that changed nothing)."""
-        get([e.set_policy_version.remote(version) for e in self.engines], timeout_s=GENERATE_TIMEOUT_S)
+        override = self.cfg.weight_sync_timeout_s
+        get([e.set_policy_version.remote(version) for e in self.engines],
+            timeout_s=deadlines.weight_sync_timeouts(0, override).push_s,
+            what=f"stamping the engines with version {version} "
+                 f"({deadlines.explain('rollout.weight_sync_timeout_s', override)})")
 
     def policy_versions(self) -> list[int]:
-        return get([e.policy_version.remote() for e in self.engines])
+        return get([e.policy_version.remote() for e in self.engines], timeout_s=self.start_timeout_s,
+                   what="the engines' policy versions")
 
     def num_threads(self) -> list[int]:
-        return get([e.num_threads.remote() for e in self.engines])
+        return get([e.num_threads.remote() for e in self.engines], timeout_s=self.start_timeout_s,
+                   what="the engines' thread counts")
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Ask every engine to release vLLM (all at once, `timeout_s` in all), then kill every actor: a dead or hung

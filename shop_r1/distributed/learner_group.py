@@ -3,6 +3,11 @@
 A rendezvous actor in bundle 0 (rank 0's node) opens the group's TCPStore on a port the OS picks while binding and
 holds it for the group's lifetime; every rank starts with MASTER_ADDR / MASTER_PORT naming it and joins as a client
 (gloo on CPU, NCCL on GPU). Every call fans out to all ranks: DeepSpeed's collectives need every rank to enter.
+
+Every wait is bounded (shop_r1/distributed/deadlines.py): the group's start (placement, then every rank's start), a
+call that runs the model by the batch's tokens per rank (learner.step_timeout_s), a checkpoint by the model's bytes
+(learner.checkpoint_timeout_s). A call past its timeout raises ActorTimeout naming it, its timeout and the key; the
+drivers treat that as a dead learner (restart from the last checkpoint: rl.max_restarts, sft.max_restarts).
 """
 
 from __future__ import annotations
@@ -10,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shop_r1.config import LearnerConfig
+from shop_r1.config import LearnerConfig, parse_resources
+from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, kill, spawn
 
-LEARNER_TIMEOUT_S = 7200.0
 PLACEMENT_TIMEOUT_S = 300.0
 
 
@@ -41,6 +46,12 @@ class LearnerGroup:
             from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
         self.world_size = cfg.num_ranks
         self._pg = self._rendezvous = None
+        size = deadlines.model_bytes(model_path)
+        self._step_override = cfg.step_timeout_s
+        self._checkpoint_s = deadlines.checkpoint_timeout_s(size, cfg.checkpoint_timeout_s)
+        self._checkpoint_key = deadlines.explain("learner.checkpoint_timeout_s", cfg.checkpoint_timeout_s)
+        self.start_timeout_s = deadlines.start_timeout_s(size, copies=1 if reference_path is None else 2)
+        """A rank's start: DeepSpeed's init with the policy (and the reference) loaded."""
         if local:
             if cfg.num_ranks != 1:
                 raise ValueError(f"learner.num_ranks={cfg.num_ranks}: local mode runs one rank in-process")
@@ -51,7 +62,7 @@ class LearnerGroup:
         import ray
         from ray.util.placement_group import placement_group
 
-        bundle = {"CPU": cfg.num_cpus_per_rank}
+        bundle = {"CPU": cfg.num_cpus_per_rank, **parse_resources(cfg.resources, "learner.resources")}
         if cfg.num_gpus_per_rank:
             bundle["GPU"] = cfg.num_gpus_per_rank
         self._pg = placement_group([dict(bundle) for _ in range(cfg.num_ranks)], strategy="PACK")
@@ -63,7 +74,8 @@ class LearnerGroup:
                                "learner.num_cpus_per_rank / num_gpus_per_rank or add nodes") from None
         self._rendezvous = spawn(RendezvousStore, local=False, resources=Resources(
             num_cpus=0, placement_group=self._pg, bundle_index=0))
-        master_addr, master_port = get(self._rendezvous.endpoint.remote(), timeout_s=PLACEMENT_TIMEOUT_S)
+        master_addr, master_port = get(self._rendezvous.endpoint.remote(), timeout_s=PLACEMENT_TIMEOUT_S,
+                                       what="the learners' rendezvous store")
         self.ranks = []
         for rank in range(cfg.num_ranks):
             env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
@@ -74,6 +86,11 @@ class LearnerGroup:
                                     world_size=cfg.num_ranks, seed=seed, warmup_steps=warmup_steps,
                                     reference_path=reference_path, lr_schedule=lr_schedule, local=False,
                                     resources=res))
+        try:  # bounded here, so that no later call's timeout has to allow for the start
+            self.num_threads()
+        except Exception:
+            self.shutdown()
+            raise
 
     def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
         """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""
@@ -81,7 +98,7 @@ class LearnerGroup:
             raise ValueError(f"got {len(per_rank_micro_batches)} shares for {self.world_size} ranks")
         refs = [r.sft_step.remote(list(mbs), num_loss_tokens_global)
                 for r, mbs in zip(self.ranks, per_rank_micro_batches)]
-        return get(refs, timeout_s=LEARNER_TIMEOUT_S)
+        return self._run(refs, "sft_step", max(sum(map(_tokens, mbs)) for mbs in per_rank_micro_batches))
 
     def grpo_step(self, batch: Any, rl: Any) -> list[Any]:
         """Every rank trains on its contiguous share of the responses (K = 1: all of them)."""
@@ -89,36 +106,49 @@ class LearnerGroup:
         shares = [range(r * n // self.world_size, (r + 1) * n // self.world_size) for r in range(self.world_size)]
         refs = [r.grpo_step.remote(batch.select(s) if self.world_size > 1 else batch, rl)
                 for r, s in zip(self.ranks, shares)]
-        return get(refs, timeout_s=LEARNER_TIMEOUT_S)
+        return self._run(refs, "grpo_step", _tokens(batch) * max(map(len, shares)) // max(n, 1))
 
     def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
         """Every rank runs the forward (under ZeRO-3 a forward on one rank alone would hang); rank 0's values."""
-        return get([r.rationale_self_certainty.remote(batch, direction, normalize_by_vocab) for r in self.ranks],
-                   timeout_s=LEARNER_TIMEOUT_S)[0]
+        return self._run([r.rationale_self_certainty.remote(batch, direction, normalize_by_vocab)
+                          for r in self.ranks], "rationale_self_certainty", _tokens(batch))[0]
 
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
         """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""
-        return get([r.probe_logprobs.remote(batch) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
+        return self._run([r.probe_logprobs.remote(batch) for r in self.ranks], "probe_logprobs", _tokens(batch))[0]
 
     def eval_loss(self, micro_batches: Sequence[Any]) -> float:
         """Every rank evaluates the same batches (ZeRO-3 forwards need all ranks); rank 0's value is returned."""
-        return get([r.eval_loss.remote(list(micro_batches)) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
+        return self._run([r.eval_loss.remote(list(micro_batches)) for r in self.ranks], "eval_loss",
+                         sum(map(_tokens, micro_batches)))[0]
+
+    def _run(self, refs: list[Any], call: str, tokens_per_rank: int) -> list[Any]:
+        """A call that runs the model over `tokens_per_rank` tokens on each rank, within its step timeout."""
+        return get(refs, timeout_s=deadlines.learner_step_timeout_s(tokens_per_rank, self._step_override),
+                   what=f"learner {call} on {self.world_size} rank(s), {tokens_per_rank} tokens per rank "
+                        f"({deadlines.explain('learner.step_timeout_s', self._step_override)})")
+
+    def _io(self, refs: list[Any], call: str) -> list[Any]:
+        """A call that reads or writes the model's weights (checkpoints), within the checkpoint timeout."""
+        return get(refs, timeout_s=self._checkpoint_s, what=f"learner {call} ({self._checkpoint_key})")
 
     def save_hf(self, out_dir: str) -> None:
-        get([r.save_hf.remote(out_dir) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+        self._io([r.save_hf.remote(out_dir) for r in self.ranks], "save_hf")
 
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> None:
-        get([r.save_checkpoint.remote(ckpt_dir, client_state) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+        self._io([r.save_checkpoint.remote(ckpt_dir, client_state) for r in self.ranks], "save_checkpoint")
 
     def load_checkpoint(self, ckpt_dir: str) -> dict:
-        return get([r.load_checkpoint.remote(ckpt_dir) for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)[0]
+        return self._io([r.load_checkpoint.remote(ckpt_dir) for r in self.ranks], "load_checkpoint")[0]
 
     def num_threads(self) -> list[int]:
-        return get([r.num_threads.remote() for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+        return get([r.num_threads.remote() for r in self.ranks], timeout_s=self.start_timeout_s,
+                   what=f"{self.world_size} learner rank(s) starting (an actor's start timeout, "
+                        "shop_r1/distributed/deadlines.py)")
 
     def nonfinite_weights(self) -> list[str]:
         """Every rank checks (under ZeRO-3 reading the weights is a collective); the names any rank found."""
-        found = get([r.nonfinite_weights.remote() for r in self.ranks], timeout_s=LEARNER_TIMEOUT_S)
+        found = self._io([r.nonfinite_weights.remote() for r in self.ranks], "nonfinite_weights")
         return sorted({name for names in found for name in names})
 
     def shutdown(self) -> None:
@@ -130,3 +160,8 @@ class LearnerGroup:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self._pg)
+
+
+def _tokens(batch: Any) -> int:
+    """The tokens of a batch or micro-batch, padding included (its `input_ids` [b, T]): what a forward costs."""
+    return int(batch.input_ids.numel())

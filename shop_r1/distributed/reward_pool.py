@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shop_r1.config import RewardConfig, RewardPoolConfig
+from shop_r1.config import RewardConfig, RewardPoolConfig, parse_resources
 from shop_r1.distributed.actors import ActorTimeout, Resources, get, kill, spawn
 from shop_r1.reward.failures import TIMEOUT_ERROR, crash_error
 from shop_r1.reward.scorer import score_response
@@ -69,7 +69,8 @@ class RewardPool:
 
     def _spawn(self) -> Any:
         return spawn(RewardWorker, self._reward_cfg, self._score_fn, local=self._local,
-                     resources=Resources(num_cpus=self._cfg.num_cpus_per_worker))
+                     resources=Resources(num_cpus=self._cfg.num_cpus_per_worker,
+                                         custom=parse_resources(self._cfg.resources, "reward_pool.resources")))
 
     def _wait_ready(self, workers: Sequence[Any]) -> None:
         """Block until every worker answers `ping` (its start and imports done); kill them all and raise if not."""

@@ -3,13 +3,17 @@
 - `ray.local_mode=true`: no Ray at all; groups build their workers in this process.
 - `ray.address` empty and no RAY_ADDRESS in the environment: start a private local cluster on loopback.
 - otherwise attach (`ray job submit` sets RAY_ADDRESS; `ray.address=auto` finds a running head).
+
+`wait_placeable` bounds the wait for room on the cluster (a node with the CPUs, GPUs and custom resources an actor
+asks for): Ray itself would keep an actor that fits no live node pending forever, e.g. once the only node offering
+`rollout.resources` is gone.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -89,3 +93,51 @@ def ray_runtime(cfg: RayConfig) -> Iterator[RayRuntime]:
         yield runtime
     finally:
         runtime.shutdown()
+
+
+class PlacementTimeout(RuntimeError):
+    """The cluster had no room for an actor's resources within its placement timeout."""
+
+
+def wait_placeable(bundles: Sequence[Mapping[str, float]], timeout_s: float, what: str, timeout_key: str) -> None:
+    """Return once the cluster has room for all `bundles` ({"CPU": 1, "rollout_node": 0.01}, ...) at once: a placement
+    group of them is placed, then freed, and actors asking for them find their place. PlacementTimeout after
+    `timeout_s` (config key `timeout_key`), naming `what`, the request and the cluster's nodes."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    wanted = [b for b in ({k: float(v) for k, v in bundle.items() if v} for bundle in bundles) if b]
+    if not wanted:
+        return  # nothing reserved: an actor that asks for nothing fits any node
+    group = placement_group(wanted, strategy="PACK")
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    finally:
+        remove_placement_group(group)
+    if not ready:
+        asked = wanted[0] if len(wanted) == 1 else f"{len(wanted)} x {wanted[0]}"
+        raise PlacementTimeout(f"no room for {asked} ({what}) on the cluster within {timeout_key}={timeout_s:g}s; "
+                               f"{describe_nodes(wanted[0])}")
+
+
+def describe_nodes(request: Mapping[str, float], most: int = 4) -> str:
+    """The live nodes with what they offer of `request`'s resources, and the nodes that are gone (the last `most`
+    of each), e.g. "live nodes: 1a2b3c4d (10.0.0.1): CPU=8; gone: 5e6f7a8b (10.0.0.2)" (Ray no longer reports
+    what a gone node offered)."""
+    import ray
+
+    keys = ["CPU", "GPU", *sorted(k for k in request if k not in ("CPU", "GPU"))]
+
+    def node(n: Mapping) -> str:
+        offer = ", ".join(f"{k}={n['Resources'][k]:g}" for k in keys if k in (n.get("Resources") or {}))
+        where = f"{n['NodeID'][:8]} ({n['NodeManagerAddress']})"
+        if not n["Alive"]:
+            return where + (f": {offer}" if offer else "")
+        return f"{where}: {offer or 'none of these resources'}"
+
+    def listing(items: list[str]) -> str:
+        return "; ".join(items[-most:]) + (f" (+{len(items) - most} more)" if len(items) > most else "")
+
+    nodes = ray.nodes()
+    live, gone = [node(n) for n in nodes if n["Alive"]], [node(n) for n in nodes if not n["Alive"]]
+    return f"live nodes: {listing(live) or 'none'}" + (f"; gone: {listing(gone)}" if gone else "")

@@ -10,17 +10,41 @@ signal) the weights did not change: `bump` only moves the engines' version, no b
 When the engine group replaces a dead engine it calls `on_replace`: the fresh engine is not a member of the old
 process group, so the broadcast group is formed again (a new store on a port the OS picks) and the last version is
 pushed to every engine, or recovered from an engine that died while receiving it.
+
+Every wait is bounded (shop_r1/distributed/deadlines.py). A push has one deadline for the whole sync, whatever the
+number of engines: `rollout.weight_sync_timeout_s` (0: 300 s + bytes / 50 MB/s); each bucket's broadcast inside it
+waits at most half of it. At the deadline:
+- An engine whose receive has not ended is hung. It is killed (its connections close, so a broadcast waiting on it
+  ends at once), then replaced like an engine that died while receiving (`EngineGroup.replace`: at most
+  rollout.max_engine_restarts, then EngineFailure, which `shop-r1 train` checkpoints before stopping). Once every
+  failed engine is replaced the group is formed again and the version pushed again: a new sync, its own deadline.
+- The parties a hung engine held up are not replaced. gloo broadcasts down a binomial tree, so the sender and the
+  engines below the hung one wait for it; their collective timeout (half the deadline) ends that wait with an error
+  before the deadline, and they join the new group. (Held up by a stall in the deadline's second half, an engine is
+  still waiting at the deadline and is replaced too: one more restart, the same weights. On NCCL PyTorch's watchdog
+  ends the process of a party whose collective timed out: those held up die, and are replaced as dead engines.)
+- Learner rank 0's broadcast not ended (with every engine done, or still going a collective timeout after the hung
+  engines were killed): the learner is hung. ActorTimeout naming it, which the drivers handle as a learner death
+  (rl.max_restarts: actors torn down, the run resumes from its last checkpoint).
+- A learner rank died: its death is raised (the same restart path), whatever the engines did meanwhile.
+- Every call ended, with errors, and no engine hung or died (a party raised; a network fault timed out every
+  collective): WeightSyncError, an EngineFailure: `shop-r1 train` checkpoints the learner's update and stops.
 """
 
 from __future__ import annotations
 
 import time
 
-from shop_r1.distributed.actors import get, is_actor_death
-from shop_r1.distributed.engine_group import EngineGroup
-from shop_r1.distributed.learner_group import LEARNER_TIMEOUT_S, LearnerGroup
+from shop_r1.distributed import deadlines
+from shop_r1.distributed.actors import ActorTimeout, get, is_actor_death, kill, wait_all
+from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
+from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.protocols import SyncStats, WeightSync
 from shop_r1.weight_sync.broadcast import SyncGroupSpec
+
+
+class WeightSyncError(EngineFailure):
+    """A push failed with no engine to replace: a party raised, or every collective timed out (a network fault)."""
 
 
 def bump(engines: EngineGroup, version: int) -> SyncStats:
@@ -34,17 +58,31 @@ class BroadcastSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str) -> None:
         self.learners, self.engines, self.backend = learners, engines, backend
         self.version: int | None = None  # the last version pushed (or bumped to)
+        override = engines.cfg.weight_sync_timeout_s
+        self.manifest = get(learners.ranks[0].weight_manifest.remote(bucket_bytes),
+                            timeout_s=deadlines.weight_sync_timeouts(0, override).push_s,
+                            what=f"learner rank 0's weight manifest ({self._key()})")
+        self.timeouts = deadlines.weight_sync_timeouts(self.manifest.num_bytes, override)
         self._connect()
-        self.manifest = get(learners.ranks[0].weight_manifest.remote(bucket_bytes))
         engines.on_replace = self._after_replace
 
+    def _key(self) -> str:
+        return deadlines.explain("rollout.weight_sync_timeout_s", self.engines.cfg.weight_sync_timeout_s)
+
     def _connect(self) -> None:
-        """Form the sync group: learner rank 0 and every current engine."""
-        addr, port = get(self.learners.ranks[0].open_weight_sync_store.remote())
-        spec = SyncGroupSpec(addr, port, world_size=1 + len(self.engines.engines), backend=self.backend)
+        """Form the sync group: learner rank 0 and every current engine, once every engine has started (a fresh
+        engine loads its model first: the engines' start timeout, not the sync's)."""
+        engines, t = self.engines.engines, self.timeouts
+        get([e.policy_version.remote() for e in engines], timeout_s=self.engines.start_timeout_s,
+            what=f"{len(engines)} rollout engine(s) starting, before the weight-sync group forms (an engine's start "
+                 "timeout: shop_r1/distributed/deadlines.py)")
+        addr, port = get(self.learners.ranks[0].open_weight_sync_store.remote(t.collective_s), timeout_s=t.push_s,
+                         what=f"learner rank 0 opening the weight-sync store ({self._key()})")
+        spec = SyncGroupSpec(addr, port, world_size=1 + len(engines), backend=self.backend,
+                             timeout_s=t.collective_s, collective_timeout_s=t.collective_s)
         get([self.learners.ranks[0].init_weight_sender.remote(spec)]
-            + [e.init_weight_receiver.remote(spec, i + 1) for i, e in enumerate(self.engines.engines)],
-            timeout_s=spec.timeout_s)
+            + [e.init_weight_receiver.remote(spec, i + 1) for i, e in enumerate(engines)],
+            timeout_s=t.push_s, what=f"the weight-sync group's rendezvous ({self._key()})")
 
     def _after_replace(self) -> None:
         self._connect()
@@ -52,38 +90,76 @@ class BroadcastSync:
             self.push(self.version)
 
     def push(self, version: int) -> SyncStats:
-        start = time.perf_counter()
-        refs = [r.broadcast_weights.remote(self.manifest) for r in self.learners.ranks]
+        """`version`'s weights to every engine within one deadline; hung or dead engines are replaced and the push
+        made again (the module's docstring says who counts as hung)."""
+        start, t = time.perf_counter(), self.timeouts
+        senders = [r.broadcast_weights.remote(self.manifest) for r in self.learners.ranks]
         receivers = [e.receive_weights.remote(self.manifest, version) for e in self.engines.engines]
-        try:
-            sent = get(refs + receivers, timeout_s=LEARNER_TIMEOUT_S)[0]
-        except Exception:  # noqa: BLE001 - an engine that died receiving is replaced, the rest re-raised
-            # The first error to surface may be the sender's (gloo: "connection reset by peer") rather than the dead
-            # engine's own, so ask every receiver whether its actor died before deciding.
-            dead = [i for i, ref in enumerate(receivers) if _died(ref)]
-            if not dead:
-                raise
-            for ref in refs:  # the sender sees its peer go: let its broadcast end (error) before forming a new group
-                _died(ref)
-            self.version = version
-            for i in dead:
-                self.engines.replace(i, "died while loading weights")  # -> _after_replace: new group, push again
+        ended = set(wait_all(senders + receivers, t.push_s))  # the one deadline of the whole sync
+        lost = [ref for ref in senders if ref in ended and _died(ref, t.push_s)]
+        if lost:  # the learner died (its receivers fail with it): its death, for the drivers' restart path
+            get(lost, timeout_s=t.push_s)
+        hung = {i: f"did not finish receiving weights (version {version}) within {t.push_s:g} s ({self._key()})"
+                for i, ref in enumerate(receivers) if ref not in ended}
+        dead = {i: "died while loading weights" for i, ref in enumerate(receivers)
+                if ref in ended and _died(ref, t.push_s)}
+        if hung or dead:
+            self._recover(hung, dead, senders, version)
             return SyncStats(time.perf_counter() - start, 0)
+        busy = [rank for rank, ref in enumerate(senders) if ref not in ended]
+        if busy:
+            raise ActorTimeout(f"weight sync of version {version}: learner rank(s) {busy} still broadcasting after "
+                               f"{t.push_s:g} s, every engine done ({self._key()}): the learner is hung")
+        try:
+            sent = get(senders + receivers, timeout_s=t.push_s)[0]  # all ended: returns, or raises, at once
+        except Exception as e:  # noqa: BLE001 - re-raised with what the sync knows
+            raise WeightSyncError(f"weight sync of version {version} failed, and no engine hung or died to be "
+                                  f"replaced: {_last_line(e)} (each bucket's broadcast waits at most "
+                                  f"{t.collective_s:g} s, half of {self._key()})") from e
         self.version = version
         return SyncStats(time.perf_counter() - start, int(sent))
+
+    def _recover(self, hung: dict[int, str], dead: dict[int, str], senders: list, version: int) -> None:
+        """Kill the hung engines (a broadcast still waiting on one then ends), let the learner's broadcast end, then
+        replace the hung and the dead ({engine index: reason}) and push again, once."""
+        for i in hung:
+            kill(self.engines.engines[i])
+        failed = {**hung, **dead}
+        ended = set(wait_all(senders, self.timeouts.collective_s))  # their errors are the engines' (connection lost)
+        busy = [rank for rank, ref in enumerate(senders) if ref not in ended]
+        if busy:
+            raise ActorTimeout(f"weight sync of version {version}: learner rank(s) {busy} still broadcasting "
+                               f"{self.timeouts.collective_s:g} s after the failed engine(s) {sorted(failed)} were "
+                               f"stopped ({self._key()}): the learner is hung")
+        self.version = version
+        deferred, self.engines.defer_resync = self.engines.defer_resync, True
+        try:
+            for i, reason in sorted(failed.items()):
+                self.engines.replace(i, reason)
+        finally:
+            self.engines.defer_resync = deferred
+        if not deferred:  # one new group and one push for all the replacements
+            self.engines.resync_pending = False
+            self._after_replace()
 
     def bump(self, version: int) -> SyncStats:
         self.version = version
         return bump(self.engines, version)
 
 
-def _died(ref: object) -> bool:
-    """Whether an actor call ended with its actor's death (waits for the call to end; other errors are not)."""
+def _died(ref: object, timeout_s: float) -> bool:
+    """Whether a call that has ended ended with its actor's death (other errors are not)."""
     try:
-        get(ref, timeout_s=LEARNER_TIMEOUT_S)
+        get(ref, timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001
         return is_actor_death(e)
     return False
+
+
+def _last_line(error: BaseException) -> str:
+    """The line that names the error (a Ray task error's last line, after the remote traceback)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1][:300] if lines else type(error).__name__
 
 
 class DirectSync:
@@ -95,7 +171,8 @@ class DirectSync:
     def push(self, version: int) -> SyncStats:
         self.version = version
         start = time.perf_counter()
-        weights = list(get(self.learners.ranks[0].named_weights.remote()))
+        weights = list(get(self.learners.ranks[0].named_weights.remote(), timeout_s=deadlines.weight_sync_timeouts(
+            0, self.engines.cfg.weight_sync_timeout_s).push_s, what="learner rank 0's weights"))  # local: no wait
         self.engines.load_weights(weights, version)
         return SyncStats(time.perf_counter() - start, sum(t.numel() * t.element_size() for _, t in weights))
 

@@ -4,6 +4,10 @@ The group has 1 + E members: the sender (rank 0) and E engine receivers, rendezv
 from DeepSpeed's training group. Weights travel in size-bounded buckets: each bucket is flattened into one buffer of
 its dtype and broadcast once, so the transfer is a few large messages whatever the number of tensors. The manifest
 (names, shapes, dtypes, bucket boundaries) is small and goes through Ray ahead of the bytes.
+
+Every wait is bounded: the rendezvous by `SyncGroupSpec.timeout_s`, each bucket's broadcast by `collective_timeout_s`
+(gloo raises "Timed out waiting ..." in the party that waited; on NCCL PyTorch's watchdog ends that party's process).
+The driver derives both from the bytes (shop_r1/distributed/deadlines.py) and decides who was hung.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ class SyncGroupSpec:
     """1 sender + number of engines."""
     backend: str = "gloo"
     timeout_s: float = 600.0
+    """The rendezvous: each party waits this long for the others to join."""
+    collective_timeout_s: float | None = None
+    """Each bucket's broadcast: a party waits this long for its peers (None: timeout_s)."""
+
+    @property
+    def op_timeout(self) -> timedelta:
+        return timedelta(seconds=self.timeout_s if self.collective_timeout_s is None else self.collective_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -84,8 +95,19 @@ def _process_group(spec: SyncGroupSpec, rank: int, store=None):
                               timeout=timedelta(seconds=spec.timeout_s))
     prefixed = dist.PrefixStore("shop_r1_weight_sync", store)
     if spec.backend == "nccl":
-        return store, dist.ProcessGroupNCCL(prefixed, rank, spec.world_size)
+        options = dist.ProcessGroupNCCL.Options()  # as torch.distributed builds its own NCCL groups
+        options._timeout = spec.op_timeout  # NCCL connects lazily, in the first broadcast: one timeout for both
+        return store, dist.ProcessGroupNCCL(prefixed, rank, spec.world_size, options)
     return store, dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timedelta(seconds=spec.timeout_s))
+
+
+def _broadcast(pg, flat: torch.Tensor, spec: SyncGroupSpec) -> None:
+    """One broadcast from rank 0, waiting at most the spec's collective timeout for the peers."""
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor, opts.timeout = 0, 0, spec.op_timeout
+    pg.broadcast([flat], opts).wait()
 
 
 class WeightSender:
@@ -94,7 +116,7 @@ class WeightSender:
     def __init__(self, spec: SyncGroupSpec, device: torch.device, store=None) -> None:
         """`store`: the one `open_master_store` opened for spec.master_port; without it the store is opened here."""
         self._store, self._pg = _process_group(spec, rank=0, store=store)
-        self.device = device
+        self.device, self.spec = device, spec
 
     def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
         """Broadcast `tensors` (in manifest order) bucket by bucket; returns the bytes sent."""
@@ -111,7 +133,7 @@ class WeightSender:
             n = _numel(meta.shape)
             flat[offset:offset + n].view(meta.shape).copy_(t.detach())
             offset += n
-        self._pg.broadcast(flat, 0).wait()
+        _broadcast(self._pg, flat, self.spec)
         return flat.numel() * flat.element_size()
 
 
@@ -122,13 +144,13 @@ class WeightReceiver:
         if rank < 1:
             raise ValueError("receivers have ranks 1..E; rank 0 is the learner's sender")
         self._store, self._pg = _process_group(spec, rank=rank)
-        self.device = device
+        self.device, self.spec = device, spec
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in manifest.buckets:
             total = sum(_numel(m.shape) for m in bucket)
             flat = torch.empty(total, dtype=DTYPES[bucket[0].dtype], device=self.device)
-            self._pg.broadcast(flat, 0).wait()
+            _broadcast(self._pg, flat, self.spec)
             offset = 0
             for meta in bucket:
                 n = _numel(meta.shape)
