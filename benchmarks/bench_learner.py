@@ -62,7 +62,7 @@ def bare(args: argparse.Namespace) -> dict:
     import deepspeed
     from transformers import AutoModelForCausalLM
 
-    from shop_r1.algo.grpo_loss import grpo_loss
+    from shop_r1.algo.grpo_loss import LossInputs, grpo_loss
     from shop_r1.config import LearnerConfig, RLConfig
     from shop_r1.learner.deepspeed_learner import _init_process_group, deepspeed_config
 
@@ -87,8 +87,8 @@ def bare(args: argparse.Namespace) -> dict:
         with torch.no_grad():
             ref_lp = logprobs(ref, ids, mask)
         lp = logprobs(engine.module, ids, mask)
-        out = grpo_loss(lp, lp.detach(), ref_lp, batch.advantages.to(engine.device), comp, rl.clip_eps, rl.clip_eps,
-                        rl.kl_beta, "token")
+        out = grpo_loss(LossInputs(lp, lp.detach(), batch.advantages.to(engine.device), comp, ref_logp=ref_lp),
+                        rl.loss_config(args.completion_tokens))
         engine.backward(out.loss)
         engine.step()
 
@@ -108,7 +108,8 @@ def group(args: argparse.Namespace) -> dict:
                             shared_prompt=args.shared_prompt == "on")
         learners = LearnerGroup(args.model, cfg, 1e-6, 100, 0, local=False, reference_path=args.model)
         rl = RLConfig()
-        result = _timed(args, lambda batch: learners.grpo_step(batch, rl), sync=False)  # the Ray call waits
+        loss_cfg = rl.loss_config(args.completion_tokens)
+        result = _timed(args, lambda batch: learners.grpo_step(batch, loss_cfg), sync=False)  # the Ray call waits
         learners.shutdown()
     finally:
         runtime.shutdown()
@@ -126,7 +127,7 @@ def in_process(args: argparse.Namespace) -> dict:
                         shared_prompt=args.shared_prompt == "on")
     learner = DeepSpeedLearner(args.model, cfg, 1e-6, 100, reference_path=args.model)
     rl = RLConfig()
-    return _timed(args, lambda batch: learner.grpo_step(batch, rl))
+    return _timed(args, lambda batch: learner.grpo_step(batch, rl.loss_config(args.completion_tokens)))
 
 
 def _sync() -> None:

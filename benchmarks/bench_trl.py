@@ -10,7 +10,7 @@ shop-r1 inside the learner and engine actors, while they work). `settings` in th
   (constant), AdamW (torch, no weight decay, gradient clip 1.0), gradient checkpointing off on both (TRL's default
   is on: turned off here);
 - loss: TRL's loss_type="dapo" (the per-token loss summed over every completion token of the batch, divided by
-  their count: one process, no gradient accumulation) is rl.loss_aggregation="token", a global token mean;
+  their count: one process, no gradient accumulation) is rl.loss="dapo", a global token mean;
   advantages (r - mean) / std per group on both;
 - the same prompts in the same steps: TRL walks the dataset in order (shuffle_dataset=False) and shop-r1's list is
   arranged so its seeded sampler takes the same prompts at each step; the prompt tokens of every step are counted on
@@ -55,8 +55,8 @@ from common import BenchPrompt, chat_prompts, emit, fixed_length_prompts, model_
 
 LR, BETA, EPS, TEMPERATURE = 1e-6, 0.001, 0.2, 1.0
 TRL_LOSS_TYPE = "dapo"
-LOSS_MEANING = {"dapo": "global token mean", "bnpo": "global token mean", "token": "global token mean",
-                "grpo": "per-sequence mean", "sequence": "per-sequence mean"}
+LOSS_MEANING = {"dapo": "global token mean", "bnpo": "global token mean", "grpo": "per-sequence mean",
+                "dr_grpo": "token sum / (responses x max new tokens)", "gspo": "per-sequence mean, sequence ratio"}
 # Setting -> whether it is meant to be equal on both sides ("matched") or differs by design. Each side reports
 # every one; a per-actor value (shop-r1) is a dict actor -> value.
 SETTINGS: dict[str, str] = {
@@ -289,7 +289,7 @@ def _shop_r1_overrides(args: argparse.Namespace, run: Path, context: int) -> lis
         f"run_dir={run}", f"rl.steps={args.steps}", f"rollout.group_size={args.n}",
         f"rl.global_batch_size={args.prompts * args.n}", f"rollout.max_new_tokens={args.max_new_tokens}",
         f"rl.lr={LR}", f"rl.kl_beta={BETA}", f"rl.clip_eps={EPS}", f"rollout.temperature={TEMPERATURE}",
-        "rl.loss_aggregation=token", "rl.async_level=0", "learner.gradient_checkpointing=false",
+        "rl.loss=dapo", "rl.async_level=0", "learner.gradient_checkpointing=false",
         f"learner.dtype={_dtype()}", f"rollout.dtype={_dtype()}", "learner.weight_decay=0", "learner.grad_clip=1.0",
         # The self-certainty term is off (TRL cannot compute it): no top-k logprobs, no exact-s(r) forward.
         "reward.rationale_reward=false", "reward.self_certainty.source=topk_logprobs", "rollout.top_k_logprobs=0",
@@ -314,7 +314,7 @@ def _shop_r1_settings(cfg: Any, notes: list[dict]) -> dict:
         "threads (torch.get_num_threads)": per_actor("torch_threads"), "OMP_NUM_THREADS": per_actor("omp_num_threads"),
         "dtype": per_actor("dtype"), "reference model": one_value([n["reference"] for n in learner]),
         "gradient checkpointing": one_value([n["gradient_checkpointing"] for n in learner]),
-        "loss": f"{LOSS_MEANING[cfg.rl.loss_aggregation]} (rl.loss_aggregation={cfg.rl.loss_aggregation})",
+        "loss": f"{LOSS_MEANING[cfg.rl.loss]} (rl.loss={cfg.rl.loss})",
         "KL beta": cfg.rl.kl_beta,
         "clip eps (low/high)": f"{cfg.rl.clip_eps}/{cfg.rl.clip_eps_high or cfg.rl.clip_eps}",
         "learning rate": f"{cfg.rl.lr} (constant)",

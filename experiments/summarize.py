@@ -19,6 +19,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from experiments.suites import (  # noqa: E402
+    ALIASES,
+    PAPER,
+    SUITES,
+    V2_SEEDS,
+    V2_SUITES,
+    Row,
+    Suite,
+    seed_workspace,
+    v2_suite,
+)
 from shop_r1.baselines import training_file  # noqa: E402
 from shop_r1.comparison import (  # noqa: E402
     Comparison,
@@ -52,7 +63,7 @@ def _settings(ws: Path, rows: list) -> list[Setting]:
     return settings
 
 
-def _row_result(ws: Path, row: Any, c: Comparison) -> dict[str, Any]:
+def _row_result(ws: Path, row: Row, c: Comparison) -> dict[str, Any]:
     """results.json's entry of one row (the keys of the earlier tables kept: metrics, intervals, minus_sft)."""
     r = c.row(row.label)
     out: dict[str, Any] = {"metrics": r.metrics.to_dict(),
@@ -195,8 +206,6 @@ def _temperature_plot(rows: list, results: dict[str, Any], out: Path) -> list[st
 
 def _paper(rows: list, workspace: str) -> dict[str, str]:
     """The paper's numbers per row label (exact / type acc. / F1 %)."""
-    from experiments.run import PAPER
-
     out = {}
     for r in rows:
         key = f"{workspace}/{r.name}" if workspace and f"{workspace}/{r.name}" in PAPER else r.name
@@ -213,9 +222,7 @@ def _table(rows: list, c: Comparison | None, workspace: str) -> list[str]:
     return [*(comparison_markdown(c, paper) if c is not None else []), *missing]
 
 
-def summarize(suite_name: str, suite: Any, ws: Path, results_root: Path) -> Path:
-    from experiments.run import ALIASES, Row
-
+def summarize(suite_name: str, suite: Suite, ws: Path, results_root: Path) -> Path:
     out = results_root / _machine_name() / suite_name
     out.mkdir(parents=True, exist_ok=True)
     rows = [Row(ALIASES.get(r.name, r.name), r.label, r.rl_overrides, r.model) for r in suite.rows]
@@ -427,7 +434,7 @@ def _seed_record(ws: Path, rows: list, c: Comparison | None) -> dict[str, Any]:
             "data": {k: stats.get(k) for k in ("rl_train", "rl_test", "num_rl_val", "num_rl_test_over_budget")}}
 
 
-def summarize_seeds(suite_name: str, suite: Any, workspaces: Mapping[int, Path], results_root: Path) -> Path:
+def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path], results_root: Path) -> Path:
     """A v2 suite over its seed workspaces: each seed's own comparison (models and baselines, intervals, paired
     differences), the mean ± SD over seeds, the per-seed paired table with the oracle ceiling, predictions/<seed>/,
     and the plots (exact vs terminate over every seed's rows; per seed the GRPO runs' reward, mix and validation)."""
@@ -505,7 +512,6 @@ def plot_all(machine_dir: Path) -> Path | None:
 if __name__ == "__main__":
     import argparse
 
-    from experiments.run import SUITES, V2_SEEDS, V2_SUITES, seed_workspace, v2_suite
     from shop_r1.config import load_config
 
     parser = argparse.ArgumentParser()

@@ -9,8 +9,9 @@
 
 A checkpoint is written into `step_N.tmp`; every file and folder in it is fsynced, it is renamed to `step_N` and
 the rename is fsynced (the parent folder). Only then is `latest` replaced, the same way (a temp file, fsync, rename,
-fsync). So neither a kill nor a power cut mid-save can publish a name whose data is not on disk: the previous
-checkpoint and pointer stay intact. Any exception while writing is a failed save (the `.tmp` copy is removed).
+fsync; shop_r1/atomic.py holds both recipes). So neither a kill nor a power cut mid-save can publish a name whose
+data is not on disk: the previous checkpoint and pointer stay intact. Any exception while writing is a failed save
+(the `.tmp` copy is removed).
 
 Timelines: a run resumed from step K leaves the checkpoints past K (of the run it continues) on another timeline.
 `abandon_later_checkpoints` moves them under `abandoned/`, so that `prune`'s `keep` counts the new timeline's and a
@@ -31,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from shop_r1.atomic import fsync_path, publish_atomically, write_atomic
 
 
 @dataclass(frozen=True)
@@ -70,45 +73,6 @@ class CheckpointError(OSError):
     is untouched."""
 
 
-def fsync_tree(path: str | Path) -> None:
-    """fsync every file under `path`, then each folder after its entries, `path` itself last (`path` may be a file).
-
-    A folder's fsync makes its entries (names) durable, not the files' data, hence files first. Symlinks are not
-    followed (DeepSpeed writes none)."""
-    path = Path(path)
-    if not path.is_dir():
-        _fsync(path)
-        return
-    for folder, _, files in os.walk(path, topdown=False):  # bottom-up: a folder after its subfolders
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                _fsync(Path(folder) / name)
-        _fsync(Path(folder))
-
-
-def publish_atomically(tmp: str | Path, final: str | Path) -> None:
-    """Give the complete file or folder `tmp` the name `final`, durably: fsync_tree(tmp), rename, fsync the parent
-    folder (which makes the rename itself durable). `tmp` and `final` share a folder.
-
-    A folder already at `final` (the same step saved again) is renamed to `<final>.deleting` first, since a rename
-    cannot replace a non-empty folder, and removed after; `prune` finishes such a leftover after a kill."""
-    tmp, final = Path(tmp), Path(final)
-    fsync_tree(tmp)
-    aside = final.with_name(final.name + ".deleting") if final.is_dir() and not final.is_symlink() else None
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-        final.rename(aside)
-    try:
-        os.replace(tmp, final)
-    except BaseException:
-        if aside is not None:
-            aside.rename(final)
-        raise
-    _fsync(final.parent)
-    if aside is not None:
-        shutil.rmtree(aside)
-
-
 def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learner: Callable[[str], None],
          extra: dict[str, bytes] | None = None) -> Path:
     """Write `root/step_N` (N = state.step) and point `latest` at it; returns the folder.
@@ -139,7 +103,6 @@ def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learn
     try:
         _write_pointer(root, final.name)
     except Exception as e:
-        (root / "latest.tmp").unlink(missing_ok=True)
         raise _failed(f"checkpoint {final} is complete but `latest` was not updated", e,
                       f"`latest` still names {previous}, from which `--resume` continues") from e
     return final
@@ -200,7 +163,7 @@ def abandon_later_checkpoints(root: str | Path, resumed_step: int) -> list[Path]
             os.replace(root / "latest", dest / "latest")
             pointer = None
         for folder in (dest, dest.parent, root):  # the moves (renames) made durable
-            _fsync(folder)
+            fsync_path(folder)
     resumed = root / f"step_{resumed_step:06d}"
     if (resumed / "state.json").is_file() and pointer != resumed.name:
         _write_pointer(root, resumed.name)
@@ -240,24 +203,14 @@ def prune(root: str | Path, keep: int) -> list[Path]:
     return [p.with_name(p.name.removesuffix(".deleting")) for p in leftovers] + removed
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)  # a folder too: Linux fsyncs a folder opened read-only
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_dir(path: Path) -> None:
     if not path.is_dir():
         path.mkdir(parents=True)
-        _fsync(path.parent)
+        fsync_path(path.parent)
 
 
 def _write_pointer(root: Path, name: str) -> None:
-    tmp = root / "latest.tmp"
-    tmp.write_text(name)
-    publish_atomically(tmp, root / "latest")
+    write_atomic(root / "latest", name)
 
 
 def _pointer(root: str | Path) -> str | None:

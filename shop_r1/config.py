@@ -23,6 +23,16 @@ class ConfigError(ValueError):
     """A config key that does not exist, or a value that does not fit the field's type or range."""
 
 
+LossVariant = Literal["dapo", "grpo", "dr_grpo", "gspo"]
+"""rl.loss: how the per-token GRPO loss is aggregated (and, for gspo, where the importance ratio is taken)."""
+
+RENAMED: dict[str, tuple[str, dict[Any, Any]]] = {
+    "rl.loss_aggregation": ("rl.loss", {"token": "dapo", "sequence": "grpo"}),
+}
+"""Keys replaced by another: old key -> (new key, old value -> new value). Loading an old key is refused naming the
+new one; a resumed run's config.yaml is read through it (shop_r1/run_config.py)."""
+
+
 @dataclass
 class SelfCertaintyConfig:
     source: Literal["topk_logprobs", "learner_logits"] = "learner_logits"
@@ -330,8 +340,13 @@ class RLConfig:
     """PPO clip range below 1 (and above, unless clip_eps_high is set). Range: in (0, 1)."""
     clip_eps_high: float = 0.0
     """Separate upper clip (clip-higher); 0 means the same as clip_eps. Range: in [0, 1)."""
-    loss_aggregation: Literal["token", "sequence"] = "token"
-    """Average the loss over all response tokens of the batch, or per response first."""
+    loss: LossVariant = "dapo"
+    """How each token's clipped surrogate + kl_beta * KL becomes the step's loss (shop_r1/algo/grpo_loss.py), over
+    the B responses of the global batch, N tokens in all, |o_i| in response i:
+    `dapo` (default, what the measured results ran): sum_{i,t} / N, a global token mean (long answers weigh more).
+    `grpo`: 1/B sum_i 1/|o_i| sum_t, the paper's per-sequence mean (every response weighs the same).
+    `dr_grpo`: sum_{i,t} / (B x rollout.max_new_tokens), a constant normaliser (Dr. GRPO; with scale_rewards=none).
+    `gspo`: one ratio per response, exp(mean_t log pi/pi_old), clipped as a whole, then as `grpo` (GSPO)."""
     num_minibatches: int = 1
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches). Range: >= 1."""
     drop_zero_signal_groups: bool = False
@@ -380,6 +395,34 @@ class RLConfig:
     `val_prompts`. 0: off. Range: >= 0."""
     val_examples: int = 64
     """Validation prompts scored each time (the first this many, a fixed subset). Range: >= 1."""
+
+    def loss_config(self, max_new_tokens: int) -> LossConfig:
+        """The learner's cut of the config (rollout.max_new_tokens is dr_grpo's normaliser)."""
+        return LossConfig(loss=self.loss, clip_eps_low=self.clip_eps,
+                          clip_eps_high=self.clip_eps_high or self.clip_eps, kl_beta=self.kl_beta,
+                          num_minibatches=self.num_minibatches,
+                          async_is_cap=self.async_is_cap if self.async_level else None, max_new_tokens=max_new_tokens)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """What the GRPO update reads (shop_r1/learner/grpo_step.py), cut from RLConfig by `RLConfig.loss_config`: the
+    learner gets this, not the run's checkpoint, sync or validation settings."""
+
+    loss: LossVariant
+    """rl.loss."""
+    clip_eps_low: float
+    """rl.clip_eps."""
+    clip_eps_high: float
+    """rl.clip_eps_high, or rl.clip_eps when that is 0."""
+    kl_beta: float
+    """rl.kl_beta."""
+    num_minibatches: int
+    """rl.num_minibatches: optimizer steps per rollout batch."""
+    async_is_cap: float | None
+    """rl.async_is_cap with one-step-off rollouts (rl.async_level=1); None: synchronous, no importance weight."""
+    max_new_tokens: int
+    """rollout.max_new_tokens: the constant per-response length dr_grpo divides by."""
 
 
 @dataclass
@@ -700,6 +743,10 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names and key in RENAMED:
+            new, values = RENAMED[key]
+            mapping = ", ".join(f"{key}={a} is {new}={b}" for a, b in values.items())
+            raise ConfigError(f"{key}: replaced by {new} ({mapping})")
         if k not in names:
             raise ConfigError(f"{key}: unknown config key (known in this section: {sorted(names)})")
         kwargs[k] = _coerce(v, hints[k], key)

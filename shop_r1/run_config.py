@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from shop_r1.config import Config, ConfigError, config_to_dict
+from shop_r1.atomic import write_atomic
+from shop_r1.config import RENAMED, Config, ConfigError, config_to_dict
 
 CONFIG_FILE = "config.yaml"
 HISTORY_FILE = "config_history.jsonl"
@@ -142,7 +143,18 @@ def current_run_config(run_dir: str | Path) -> dict[str, Any] | None:
                 current.pop(change["key"], None)
             else:
                 current[change["key"]] = change["new"]
-    return current
+    return _renamed(current)
+
+
+def _renamed(flat: dict[str, Any]) -> dict[str, Any]:
+    """A run's keys replaced since it started (`RENAMED`, e.g. rl.loss_aggregation=token) read as their successors
+    (rl.loss=dapo), so a resume compares like with like. A run that has the old key predates the new one."""
+    out = dict(flat)
+    for old, (new, values) in RENAMED.items():
+        if old in out:
+            value = out.pop(old)
+            out[new] = values.get(value, value)
+    return out
 
 
 def check_resume(run_dir: str | Path, cfg: Config, allow_change: bool) -> ConfigDiff:
@@ -187,13 +199,7 @@ def start_run_config(run_dir: str | Path, cfg: Config) -> None:
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode()
-    tmp = run / f".{CONFIG_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, run / CONFIG_FILE)
-    _fsync_dir(run)
+    write_atomic(run / CONFIG_FILE, raw)
     _append_history(run, {"event": "written", "base": _digest(raw)})
 
 
@@ -229,11 +235,3 @@ def _append_history(run: Path, record: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
 
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

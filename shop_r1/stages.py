@@ -10,20 +10,21 @@ reads from outside the run, and the keys of the stages it consumes, so a change 
     recorded "started" with the same key   -> fn(resume=True): the stage continues from its own checkpoints
     anything else                          -> fn(resume=False): done afresh
 
-The file is replaced atomically (written aside, fsynced, renamed) after every change, so a kill leaves either the old
-or the new ledger, never a torn one.
+The file is replaced atomically (written aside, fsynced, renamed: shop_r1/atomic.py) after every change, so a kill
+leaves either the old or the new ledger, never a torn one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shop_r1.atomic import write_atomic
 
 LEDGER_FILE = "stages.json"
 
@@ -85,14 +86,4 @@ class Ledger:
     def _write(self, name: str, record: dict[str, Any]) -> None:
         self.records[name] = record
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(json.dumps(self.records, indent=2, default=str))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(self.path, json.dumps(self.records, indent=2, default=str))

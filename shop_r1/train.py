@@ -21,7 +21,7 @@ import torch
 from shop_r1 import checkpoint
 from shop_r1.algo import finite
 from shop_r1.algo.advantages import GroupAdvantages, group_advantages
-from shop_r1.algo.batch import build_grpo_batch
+from shop_r1.algo.batch import GRPOBatch, build_grpo_batch
 from shop_r1.config import Config, config_to_dict
 from shop_r1.data.sampler import Cursor, PromptSampler
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
@@ -29,9 +29,8 @@ from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
-from shop_r1.distributed.weight_sync import make_weight_sync, sync_backend
-from shop_r1.reward.failures import check_failed_fraction, failure_counts
-from shop_r1.reward.scorer import with_exact_self_certainty
+from shop_r1.distributed.sync_group import make_weight_sync, sync_backend
+from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
@@ -112,27 +111,50 @@ def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step:
     return {"weight_sync/check_max_abs_logprob_diff": diff}
 
 
-def exact_self_certainty(scored: list[ScoredGeneration], learners: Learners, cfg: Config, temperature: float,
-                         pad_id: int) -> list[ScoredGeneration]:
-    """With `reward.self_certainty.source=learner_logits` (the default), replace each response's s(r) by the exact
-    value from the policy's full logits at temperature 1 (one no-grad forward), and re-form the totals."""
-    if cfg.reward.self_certainty.source != "learner_logits":
+def learner_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
+    """The learner's exact s(r) re-forms the totals only of the Shop-R1 hybrid reward (reward.fn empty, the default),
+    with reward.self_certainty.source=learner_logits: a plug-in reward's total is its own, never altered here."""
+    return score_fn is score_response and cfg.reward.self_certainty.source == "learner_logits"
+
+
+def exact_self_certainty(scored: list[ScoredGeneration], batch: GRPOBatch, learners: Learners, cfg: Config,
+                         score_fn: ScoreFn) -> list[ScoredGeneration]:
+    """Where it applies (`learner_self_certainty_applies`), replace each response's s(r) by the exact value from the
+    policy's full logits at temperature 1 (one no-grad forward of the step's batch, each rank its share), and re-form
+    the totals."""
+    if not learner_self_certainty_applies(cfg, score_fn):
         return scored
-    zeros = torch.zeros(len(scored), cfg.rollout.group_size, dtype=torch.float64)
-    values = learners.rationale_self_certainty(build_grpo_batch(scored, zeros, pad_id, temperature),
-                                               cfg.reward.self_certainty.direction,
+    values = learners.rationale_self_certainty(batch, cfg.reward.self_certainty.direction,
                                                cfg.reward.self_certainty.normalize_by_vocab)
     return with_learner_self_certainty(scored, values, cfg)
 
 
-def update_batch(scored: list[ScoredGeneration], adv: Any, cfg: Config, temperature: float, pad_id: int) -> Any:
+def update_batch(batch: GRPOBatch, adv: GroupAdvantages, cfg: Config) -> GRPOBatch:
     """The learner's batch: every response with its advantage, minus the groups without signal when
     `rl.drop_zero_signal_groups` (tied rewards: zero advantages, nothing to learn)."""
-    batch = build_grpo_batch(scored, adv.advantages, pad_id, temperature)
+    batch = batch.with_advantages(adv.advantages)
     if not cfg.rl.drop_zero_signal_groups:
         return batch
-    g = cfg.rollout.group_size
-    return batch.select([p * g + i for p in range(len(scored)) if not adv.zero_signal[p] for i in range(g)])
+    g, num_prompts = cfg.rollout.group_size, adv.advantages.shape[0]
+    return batch.select([p * g + i for p in range(num_prompts) if not adv.zero_signal[p] for i in range(g)])
+
+
+@dataclass(frozen=True)
+class PreparedUpdate:
+    scored: list[ScoredGeneration]  # with the learner's exact s(r) where it applies
+    adv: GroupAdvantages
+    batch: GRPOBatch  # the step's one batch, advantages filled in
+
+
+def prepare_update(scored: list[ScoredGeneration], learners: Learners, cfg: Config, pad_id: int,
+                   score_fn: ScoreFn) -> PreparedUpdate:
+    """One batch per step: built once from the rollout, sent for the exact s(r) where it applies, then given the
+    advantages of the (re-formed) totals for the update."""
+    zeros = torch.zeros(len(scored), cfg.rollout.group_size, dtype=torch.float64)
+    batch = build_grpo_batch(scored, zeros, pad_id, cfg.rollout.temperature)
+    scored = exact_self_certainty(scored, batch, learners, cfg, score_fn)                  # s(r) at T = 1
+    adv = step_advantages(scored, cfg)                                                     # advantages
+    return PreparedUpdate(scored, adv, update_batch(batch, adv, cfg))
 
 
 def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: GRPOStepStats, adv: Any, synced: Any,
@@ -150,7 +172,7 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
     lags = [step - 1 - c.policy_version for s in scored for c in s.generation.completions]
     overlapped = rollout.version < step - 1
     metrics = rollout_metrics(scored)
-    metrics.update(failure_counts([r for s in scored for r in s.rewards]))
+    metrics.update(rollout.batch.failures.metrics())  # counted once per step (ScoredBatch.failures)
     metrics.update({"rollout/engine_restarts": engine_restarts,
                     "rollout/policy_lag_mean": sum(lags) / max(len(lags), 1),
                     "rollout/policy_lag_max": max(lags, default=0),
@@ -305,7 +327,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             cfg.rl.async_level, cfg.rl.steps, local, version=step, pending=pending)
         tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,
                           first_step=step)
-        files, temperature, rewards_seen = _RunFiles.open(out, cfg.run_dir), cfg.rollout.temperature, []
+        files, rewards_seen = _RunFiles.open(out, cfg.run_dir), []
         learner_step = step  # updates the learner has applied (ahead of `step`'s log line between update and log)
         nonfinite = finite.NonFiniteStreak(cfg.rl.max_nonfinite_steps)
         if val_prompts and step == 0:  # the SFT policy's figures; a resumed run logged its step's before stopping
@@ -316,11 +338,10 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             rollout = source.take(step)                                                     # generate + score
             t1 = time.perf_counter()
             scored = checked_rollout(rollout, cfg)
-            scored = exact_self_certainty(scored, learners, cfg, temperature, pad_id)      # s(r) at T = 1
-            adv = step_advantages(scored, cfg)                                             # advantages
-            batch = update_batch(scored, adv, cfg, temperature, pad_id)
+            prepared = prepare_update(scored, learners, cfg, pad_id, score_fn)             # s(r), advantages
+            scored, adv = prepared.scored, prepared.adv
             t2 = time.perf_counter()
-            update = learner_update(learners, batch, scored, adv, cfg)                     # learner update
+            update = learner_update(learners, prepared.batch, scored, adv, cfg)            # learner update
             t3, learner_step = time.perf_counter(), step
             changed = update is not SKIPPED and not update.nonfinite
             synced = source.push(sync, step, changed=changed)                              # weight sync
@@ -352,7 +373,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                       rewards_seen[-1] if rewards_seen else 0.0, time.perf_counter() - start_time)
 
 
-def learner_update(learners: Learners, batch: Any, scored: list[ScoredGeneration], adv: GroupAdvantages,
+def learner_update(learners: Learners, batch: GRPOBatch, scored: list[ScoredGeneration], adv: GroupAdvantages,
                    cfg: Config) -> GRPOStepStats:
     """The learner's update, or SKIPPED when there is nothing to learn from (every group dropped) or when a reward or
     advantage is NaN/inf (SKIPPED with `nonfinite` naming it: no update; the learner skips its own optimizer step
@@ -360,7 +381,9 @@ def learner_update(learners: Learners, batch: Any, scored: list[ScoredGeneration
     cause = finite.driver_cause(_rewards(scored), adv.advantages)
     if cause:
         return dataclasses.replace(SKIPPED, nonfinite=cause)
-    return learners.grpo_step(batch, cfg.rl)[0] if batch.num_responses else SKIPPED
+    if not batch.num_responses:
+        return SKIPPED
+    return learners.grpo_step(batch, cfg.rl.loss_config(cfg.rollout.max_new_tokens))[0]
 
 
 def checked_rollout(rollout: StepRollout, cfg: Config) -> list[ScoredGeneration]:
@@ -373,8 +396,7 @@ def checked_rollout(rollout: StepRollout, cfg: Config) -> list[ScoredGeneration]
         raise PolicyVersionMismatch(f"step {rollout.step} was sampled by policy version {rollout.version}: a lag of "
                                     f"{lag} steps, rl.async_level={cfg.rl.async_level} allows at most "
                                     f"{cfg.rl.async_level}")
-    check_failed_fraction([r for s in scored for r in s.rewards], cfg.reward_pool.max_failed_fraction,
-                          where=f"GRPO step {rollout.step}")
+    rollout.batch.failures.check(cfg.reward_pool.max_failed_fraction, where=f"GRPO step {rollout.step}")
     return scored
 
 

@@ -43,12 +43,15 @@ def test_save_fsyncs_every_file_then_the_folder_then_renames_then_fsyncs_the_par
     # Spies that record and then do the real call: the order is the contract.
     events, real_fsync, real_replace = [], os.fsync, os.replace
 
+    def named(text: str) -> str:  # an atomic write's temporary: .<name>.<8 random hex>.tmp
+        return re.sub(r"\.[0-9a-f]{8}\.tmp$", ".<random>.tmp", text)
+
     def fsync(fd: int) -> None:
-        events.append(("fsync", str(Path(os.readlink(f"/proc/self/fd/{fd}")).relative_to(tmp_path.resolve()))))
+        events.append(("fsync", named(str(Path(os.readlink(f"/proc/self/fd/{fd}")).relative_to(tmp_path.resolve())))))
         real_fsync(fd)
 
     def replace(src, dst) -> None:
-        events.append(("rename", f"{Path(src).name} -> {Path(dst).name}"))
+        events.append(("rename", f"{named(Path(src).name)} -> {Path(dst).name}"))
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "fsync", fsync)
@@ -63,8 +66,8 @@ def test_save_fsyncs_every_file_then_the_folder_then_renames_then_fsyncs_the_par
         ("fsync", "checkpoints/step_000001.tmp"),
         ("rename", "step_000001.tmp -> step_000001"),
         ("fsync", "checkpoints"),  # the rename made durable
-        ("fsync", "checkpoints/latest.tmp"),  # then the pointer, the same way
-        ("rename", "latest.tmp -> latest"),
+        ("fsync", "checkpoints/.latest.<random>.tmp"),  # then the pointer, the same way
+        ("rename", ".latest.<random>.tmp -> latest"),
         ("fsync", "checkpoints"),
     ]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]

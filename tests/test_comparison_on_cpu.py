@@ -167,7 +167,7 @@ def test_report_shows_the_baselines(tmp_path):
 
 def test_summarize_writes_baselines_predictions_and_plots(tmp_path, monkeypatch):
     import experiments.summarize as summarize
-    from experiments.run import SFT_ROW, SHOP_R1, Suite
+    from experiments.suites import SFT_ROW, SHOP_R1, Suite
 
     ws = tmp_path / "ws"
     _data(ws / "data")

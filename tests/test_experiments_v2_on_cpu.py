@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import experiments.run as run
+import experiments.suites as suites
 import experiments.summarize as summarize
 from shop_r1.config import ConfigError, load_config, save_config
 from shop_r1.data.examples import build_rl_examples, load_rl_examples, write_examples_jsonl
@@ -42,38 +43,38 @@ def _names(suite) -> list[str]:
 
 
 def test_v2_table2_rows():
-    suite = run.v2_suite("v2_table2", _base())
+    suite = suites.v2_suite("v2_table2", _base())
     assert _names(suite) == ["zero_shot", "sft", "sft_continued", "sft_rl_binary", "shop_r1"]
     assert [r.model for r in suite.rows] == ["base", "sft", "sft_continued", "rl", "rl"]
     assert suite.workspace == "v2" and suite.notes == ()
 
 
 def test_v2_table4_measures_each_switch_against_the_base():
-    suite = run.v2_suite("v2_table4", _base())
+    suite = suites.v2_suite("v2_table4", _base())
     assert _names(suite) == ["sft", "no_format_reward", "no_rationale_reward", "no_reward_scale",
                              "binary_action_reward", "click_guard_true", "self_certainty_breaks_ties_false",
                              "scale_rewards_none", "shop_r1"]
     assert suite.rows[5].rl_overrides == ("reward.click_guard=true",) and suite.notes == ()
     # A main job that adopted two switches: their rows measure leaving them, and say so.
-    tuned = run.v2_suite("v2_table4", _base("reward.click_guard=true", "rl.scale_rewards=none"))
+    tuned = suites.v2_suite("v2_table4", _base("reward.click_guard=true", "rl.scale_rewards=none"))
     assert _names(tuned)[5:8] == ["click_guard_false", "self_certainty_breaks_ties_false", "scale_rewards_group"]
     assert tuned.rows[7].label == "Shop-R1, rl.scale_rewards=group"
     assert len(tuned.notes) == 2 and "reward.click_guard=true" in tuned.notes[0]
     # An ablation the base config already has would repeat the Shop-R1 run: left out, with a note.
-    no_format = run.v2_suite("v2_table4", _base("reward.format_reward=false"))
+    no_format = suites.v2_suite("v2_table4", _base("reward.format_reward=false"))
     assert "no_format_reward" not in _names(no_format) and "left out" in no_format.notes[0]
 
 
 def test_v2_fig2_reuses_the_shop_r1_run_at_the_base_temperature():
-    suite = run.v2_suite("v2_fig2", _base("rollout.temperature=0.6"))
+    suite = suites.v2_suite("v2_fig2", _base("rollout.temperature=0.6"))
     assert _names(suite) == ["sft", "temperature_0.2", "temperature_0.4", "shop_r1", "temperature_0.8",
                              "temperature_1.0"]
     assert suite.rows[3].label == "Shop-R1, T=0.6" and suite.rows[3].rl_overrides == ()
-    off_grid = run.v2_suite("v2_fig2", _base("rollout.temperature=0.7"))
-    assert _names(off_grid) == ["sft", *(f"temperature_{t}" for t in run.TEMPERATURES), "shop_r1"]
+    off_grid = suites.v2_suite("v2_fig2", _base("rollout.temperature=0.7"))
+    assert _names(off_grid) == ["sft", *(f"temperature_{t}" for t in suites.TEMPERATURES), "shop_r1"]
     assert off_grid.rows[-1].label == "Shop-R1, T=0.7 (base config)"
     with pytest.raises(KeyError, match="v2_table9"):
-        run.v2_suite("v2_table9", _base())
+        suites.v2_suite("v2_table9", _base())
 
 
 def test_v2_base_config_forces_the_new_shop_and_the_test_split_and_refuses_seed_overrides():
@@ -148,7 +149,7 @@ def test_rows_run_in_order_with_sft_continued_after_the_rl_rows():
     calls = []
     fake = SimpleNamespace(model=lambda row, local: calls.append(row.name) or row.name,
                            evaluate=lambda row, model, local: None)
-    run._run_rows("t", run.v2_suite("v2_table2", _base()).rows, fake, True)
+    run._run_rows("t", suites.v2_suite("v2_table2", _base()).rows, fake, True)
     assert calls == ["zero_shot", "sft", "sft_rl_binary", "shop_r1", "sft_continued"]
 
 
@@ -204,7 +205,7 @@ def test_run_sft_max_steps(tmp_path, monkeypatch, overrides, steps, epochs):
 # Seed 1: SFT right on view, add, terminate (3/4), Shop-R1 right everywhere (1).
 SEED1_SFT = [_r(VIEW), _r(ADD), _r(T), _r(T)]
 SEED1_SHOP = [_r(VIEW), _r(ADD), _r(CHECKOUT), _r(T)]
-SUITE = run.Suite((run.SFT_ROW, run.SFT_CONTINUED, run.SHOP_R1), workspace="v2", notes=("a note",))
+SUITE = suites.Suite((suites.SFT_ROW, suites.SFT_CONTINUED, suites.SHOP_R1), workspace="v2", notes=("a note",))
 
 
 def _grpo_log(ws: Path) -> None:
@@ -220,7 +221,7 @@ def _grpo_log(ws: Path) -> None:
 def _seed_workspaces(tmp_path: Path) -> dict[int, Path]:
     out = {}
     for k, (sft, shop) in enumerate(((SFT_RESPONSES, SHOP_R1_RESPONSES), (SEED1_SFT, SEED1_SHOP))):
-        ws = run.seed_workspace(tmp_path / "root", k)
+        ws = suites.seed_workspace(tmp_path / "root", k)
         _data(ws / "data")
         _write_eval(ws / "eval" / "sft", "SFT", sft)
         _write_eval(ws / "eval" / "sft_continued", "SFT continued", sft)
@@ -231,7 +232,7 @@ def _seed_workspaces(tmp_path: Path) -> dict[int, Path]:
             {"steps": 26, "plan": {"rl_seconds": 134.0, "seconds_per_step": 5.1043}}))
         _grpo_log(ws)
         out[k] = ws
-    out[2] = run.seed_workspace(tmp_path / "root", 2)  # not started: listed, not averaged
+    out[2] = suites.seed_workspace(tmp_path / "root", 2)  # not started: listed, not averaged
     return out
 
 
@@ -282,7 +283,7 @@ def test_fig2_over_seeds_plots_the_temperatures(tmp_path, monkeypatch):
     monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
     wss = _seed_workspaces(tmp_path)
     save_config(_base("rollout.temperature=0.6", "data.persona=false"), wss[0] / "config.yaml")  # no profile
-    out = summarize.summarize_seeds("v2_fig2", run.v2_suite("v2_fig2", _base("rollout.temperature=0.6")), wss,
+    out = summarize.summarize_seeds("v2_fig2", suites.v2_suite("v2_fig2", _base("rollout.temperature=0.6")), wss,
                                     tmp_path / "results")
     assert (out / "temperature.png").read_bytes()[:8] == PNG_MAGIC
     assert "Shop-R1, T=0.6" in (out / "table.md").read_text()

@@ -8,7 +8,8 @@ import pytest
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.protocols import Engines, Learners, WeightSync
-from shop_r1.distributed.weight_sync import BroadcastSync, DirectSync
+from shop_r1.distributed.sync_group import BroadcastSync, DirectSync
+from shop_r1.learner.backend import TrainingBackend
 from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
 from shop_r1.learner.protocol import Learner
 from shop_r1.rollout.engine import RolloutEngine
@@ -25,8 +26,8 @@ def _params(fn):
 
 
 @pytest.mark.parametrize("protocol, backend", [
-    (Learner, DeepSpeedLearner), (RolloutEngine, VLLMEngine), (Learners, LearnerGroup), (Engines, EngineGroup),
-    (WeightSync, BroadcastSync), (WeightSync, DirectSync)])
+    (Learner, DeepSpeedLearner), (TrainingBackend, DeepSpeedLearner), (RolloutEngine, VLLMEngine),
+    (Learners, LearnerGroup), (Engines, EngineGroup), (WeightSync, BroadcastSync), (WeightSync, DirectSync)])
 def test_backend_implements_its_protocol(protocol, backend):
     methods = _methods(protocol)
     assert methods, protocol

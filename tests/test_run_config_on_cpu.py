@@ -71,7 +71,7 @@ def test_a_key_only_one_side_has_is_absent_on_the_other():
 @pytest.mark.parametrize("key", ["model.path", "data.max_prompt_tokens", "reward.dars_factor", "seed",
                                  "rollout.group_size", "rollout.temperature", "rollout.max_new_tokens",
                                  "rollout.top_k_logprobs", "rollout.dtype", "rl.lr", "rl.global_batch_size",
-                                 "rl.kl_beta", "rl.clip_eps", "rl.loss_aggregation", "rl.scale_rewards",
+                                 "rl.kl_beta", "rl.clip_eps", "rl.loss", "rl.scale_rewards",
                                  "rl.async_level", "sft.lr", "learner.num_ranks", "learner.zero_stage",
                                  "learner.grad_clip", "reward.self_certainty.source", "some.new_field"])
 def test_keys_that_change_the_experiment(key):
@@ -186,6 +186,20 @@ def test_a_field_added_since_the_run_started_counts_as_its_default(run):
     del saved["rl"]["val_examples"], saved["rollout"]["group_size"]
     (run / CONFIG_FILE).write_text(yaml.safe_dump(saved))
     assert not check_resume(run, _cfg(run), allow_change=False)
+
+
+@pytest.mark.parametrize("old, same, other", [("token", "dapo", "grpo"), ("sequence", "grpo", "dapo")])
+def test_a_run_from_before_rl_loss_resumes_under_the_renamed_key(run, old, same, other):
+    """A config.yaml written with rl.loss_aggregation (replaced by rl.loss) is read through the rename: the same
+    loss resumes without a change; another is refused naming rl.loss."""
+    saved = yaml.safe_load((run / CONFIG_FILE).read_text())
+    del saved["rl"]["loss"]
+    saved["rl"]["loss_aggregation"] = old
+    (run / CONFIG_FILE).write_text(yaml.safe_dump(saved))
+    assert current_run_config(run)["rl.loss"] == same and "rl.loss_aggregation" not in current_run_config(run)
+    assert not check_resume(run, _cfg(run, f"rl.loss={same}"), allow_change=False)
+    with pytest.raises(ConfigError, match=rf"rl\.loss: '{same}' -> '{other}'"):
+        check_resume(run, _cfg(run, f"rl.loss={other}"), allow_change=False)
 
 
 def test_a_damaged_history_line_is_named(run):

@@ -7,6 +7,7 @@ right-padded. `completion_mask[b, t] = 1` when token t of row b is a completion 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,13 @@ class GRPOBatch:
         return GRPOBatch(*(t.index_select(0, idx) for t in (self.input_ids, self.attention_mask, self.completion_mask,
                                                           self.rationale_mask, self.advantages,
                                                           self.sampler_logprobs)), temperature=self.temperature)
+
+    def with_advantages(self, advantages: torch.Tensor) -> GRPOBatch:
+        """The same rows with these advantages: one per row in row order, any shape (e.g. [P, G]), kept in float64."""
+        flat = advantages.reshape(-1).to(torch.float64).clone()
+        if flat.numel() != self.num_responses:
+            raise ValueError(f"{flat.numel()} advantages for {self.num_responses} responses")
+        return dataclasses.replace(self, advantages=flat)
 
     def trimmed(self) -> GRPOBatch:
         """The same rows cut to the longest of them (rows are right-padded, so nothing real is cut)."""

@@ -12,13 +12,13 @@ and atomic (temp file + rename), so a killed writer never leaves a truncated dat
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shop_r1.atomic import open_atomic
 from shop_r1.data.jsonl import SourceRow, read_jsonl
 from shop_r1.types import Action, Session, Step
 
@@ -162,13 +162,12 @@ def load_sessions(path: str | Path, skip_bad_lines: bool = False) -> LoadedSessi
 
 
 def write_jsonl_atomic(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
-    """Write JSONL aside and rename over `path`, so readers see the old file or the whole new one."""
+    """Write JSONL aside and rename over `path` (shop_r1/atomic.py), so readers see the old file or the whole new
+    one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open_atomic(path) as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    os.replace(tmp, path)
 
 
 def write_sessions(sessions: Iterable[Session], path: str | Path) -> None:

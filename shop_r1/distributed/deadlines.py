@@ -18,7 +18,7 @@ What a timeout is, and what happens then (the failure it stands for):
 - Weight sync past its deadline: every engine still receiving is hung. It is killed and replaced like a dead engine
   (`EngineGroup.replace`, at most rollout.max_engine_restarts times, then EngineFailure, which `shop-r1 train`
   checkpoints before stopping) and the weights are pushed again, a new sync with a deadline of its own. See
-  shop_r1/distributed/weight_sync.py for which parties count as hung.
+  shop_r1/distributed/sync_group.py for which parties count as hung.
 - Any other actor call past its timeout: `ActorTimeout`, naming the call, its timeout and the config key. The actor
   no longer answers, so `is_actor_death` counts it as dead: a learner past its deadline takes the learner-restart
   path (rl.max_restarts / sft.max_restarts: actors torn down, the run resumes from its last complete checkpoint).

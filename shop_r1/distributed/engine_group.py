@@ -9,7 +9,7 @@ chunks within `rollout.generate_timeout_s`, is replaced by a fresh engine on the
 the weight sync) brings every engine to the learner's current weights and version before it serves again, and the
 lost chunks are resubmitted. Sampling is seeded per request, so the requeued prompts draw the samples they would
 have drawn. An engine still receiving weights at the sync's deadline (`rollout.weight_sync_timeout_s`) is replaced
-the same way (shop_r1/distributed/weight_sync.py). At most `rollout.max_engine_restarts` replacements per run, then
+the same way (shop_r1/distributed/sync_group.py). At most `rollout.max_engine_restarts` replacements per run, then
 EngineFailure.
 
 Placement: each engine takes `rollout.num_cpus_per_engine` CPUs, `num_gpus_per_engine` GPUs and the custom resources
@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from shop_r1.config import RolloutConfig, parse_resources
@@ -30,6 +31,7 @@ from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, is_actor_death, kill, spawn, wait_first
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.runtime import PlacementTimeout, wait_placeable
+from shop_r1.reward.failures import RewardFailures, count_failures
 from shop_r1.types import Generation, Prompt, SamplingSpec, ScoredGeneration, ScoreRequest
 
 
@@ -45,6 +47,12 @@ class ScoredBatch:
     """Until the last engine returned (scoring of earlier chunks overlaps this)."""
     reward_wait_s: float
     """Scoring time not hidden behind generation."""
+
+    @cached_property
+    def failures(self) -> RewardFailures:
+        """The batch's fallback rewards, counted on first use and kept: the driver's failure check and its metrics
+        read the same record. Derived, not a field (a pending rollout's JSON does not carry it)."""
+        return count_failures([r for s in self.scored for r in s.rewards])
 
 
 def split_evenly(n: int, parts: int) -> list[range]:

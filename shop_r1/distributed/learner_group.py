@@ -13,11 +13,15 @@ drivers treat that as a dead learner (restart from the last checkpoint: rl.max_r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from shop_r1.config import LearnerConfig, parse_resources
+from shop_r1.config import LearnerConfig, LossConfig, parse_resources
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, kill, spawn
+
+if TYPE_CHECKING:
+    from shop_r1.algo.batch import GRPOBatch
+    from shop_r1.types import GRPOStepStats
 
 PLACEMENT_TIMEOUT_S = 300.0
 
@@ -100,18 +104,29 @@ class LearnerGroup:
                 for r, mbs in zip(self.ranks, per_rank_micro_batches)]
         return self._run(refs, "sft_step", max(sum(map(_tokens, mbs)) for mbs in per_rank_micro_batches))
 
-    def grpo_step(self, batch: Any, rl: Any) -> list[Any]:
+    def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> list[GRPOStepStats]:
         """Every rank trains on its contiguous share of the responses (K = 1: all of them)."""
-        n = batch.num_responses
-        shares = [range(r * n // self.world_size, (r + 1) * n // self.world_size) for r in range(self.world_size)]
-        refs = [r.grpo_step.remote(batch.select(s) if self.world_size > 1 else batch, rl)
-                for r, s in zip(self.ranks, shares)]
-        return self._run(refs, "grpo_step", _tokens(batch) * max(map(len, shares)) // max(n, 1))
+        shares = self._shares(batch)
+        refs = [r.grpo_step.remote(share, loss_cfg) for r, share in zip(self.ranks, shares)]
+        return self._run(refs, "grpo_step", max(map(_tokens, shares)))
 
-    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
-        """Every rank runs the forward (under ZeRO-3 a forward on one rank alone would hang); rank 0's values."""
-        return self._run([r.rationale_self_certainty.remote(batch, direction, normalize_by_vocab)
-                          for r in self.ranks], "rationale_self_certainty", _tokens(batch))[0]
+    def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
+                                 normalize_by_vocab: bool = False) -> list[float]:
+        """Each rank computes its own share's values (s(r) of a response depends on its row alone) and every rank
+        runs as many forwards (under ZeRO-3 a forward on one rank alone would hang); in the batch's order."""
+        shares = self._shares(batch)
+        refs = [r.rationale_self_certainty.remote(share, direction, normalize_by_vocab)
+                for r, share in zip(self.ranks, shares)]
+        return [v for values in self._run(refs, "rationale_self_certainty", max(map(_tokens, shares)))
+                for v in values]
+
+    def _shares(self, batch: GRPOBatch) -> list[GRPOBatch]:
+        """Rank r's contiguous share of the responses: rows [r n / K, (r + 1) n / K) (K = 1: the batch itself)."""
+        if self.world_size == 1:
+            return [batch]
+        n = batch.num_responses
+        return [batch.select(range(r * n // self.world_size, (r + 1) * n // self.world_size))
+                for r in range(self.world_size)]
 
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
         """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""

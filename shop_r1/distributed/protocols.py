@@ -17,9 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from shop_r1.types import Generation, Prompt, SamplingSpec
+from shop_r1.config import LossConfig
+from shop_r1.types import Generation, GRPOStepStats, Prompt, SamplingSpec
+
+if TYPE_CHECKING:
+    from shop_r1.algo.batch import GRPOBatch
 
 
 @dataclass(frozen=True)
@@ -37,11 +41,12 @@ class Learners(Protocol):
 
     def eval_loss(self, micro_batches: Sequence[Any]) -> float: ...
 
-    def grpo_step(self, batch: Any, rl: Any) -> list[Any]:
-        """One GRPO update on the whole batch (split over the ranks); GRPOStepStats per rank."""
+    def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> list[GRPOStepStats]:
+        """One GRPO update on the whole batch (each rank gets its share); GRPOStepStats per rank."""
 
-    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
-        ...
+    def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
+                                 normalize_by_vocab: bool = False) -> list[float]:
+        """s(r) per response, in the batch's order (each rank computes its share's)."""
 
     def probe_logprobs(self, batch: Any) -> list[list[float]]: ...
 

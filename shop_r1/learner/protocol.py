@@ -1,15 +1,20 @@
-"""The learner seam, per rank. Backend: `DeepSpeedLearner` (ZeRO 0-3; gloo on CPU, NCCL on CUDA).
+"""The learner seam, per rank: what the learner group calls on each rank's actor. Backend: `DeepSpeedLearner` (ZeRO
+0-3; gloo on CPU, NCCL on CUDA).
 
-An FSDP (or any other) backend is one new class with these methods, passed as `learner_cls` (or made the default in
-LearnerGroup); the driver never sees it directly, only through `shop_r1.distributed.protocols.Learners`. A test checks
-that every backend class matches its protocol, parameter names included.
+An FSDP (or any other) backend is one new class that implements `shop_r1.learner.backend.TrainingBackend` (its
+framework's concerns) and these methods, the GRPO ones by delegating to shop_r1/learner/grpo_step.py; it is passed as
+`learner_cls` (or made the default in LearnerGroup). The driver never sees it directly, only through
+`shop_r1.distributed.protocols.Learners`. A test checks that every backend class matches its protocols, parameter
+names included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from shop_r1.algo.batch import GRPOBatch
+from shop_r1.config import LossConfig
 from shop_r1.learner.sft_data import MicroBatch
 from shop_r1.types import GRPOStepStats, SFTStepStats
 
@@ -21,14 +26,16 @@ class Learner(Protocol):
 
     def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float: ...
 
-    def grpo_step(self, batch: Any, rl: Any) -> GRPOStepStats:
-        """One GRPO update on this rank's share of a GRPOBatch (any size, even empty: every rank makes the same
+    def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> GRPOStepStats:
+        """One GRPO update on this rank's share of the batch (any size, even empty: every rank makes the same
         collective calls); figures over the global batch."""
 
-    def rationale_self_certainty(self, batch: Any, direction: str, normalize_by_vocab: bool = False) -> list[float]:
-        """s(r) of each response's rationale tokens from the full logits at temperature 1 (no gradient)."""
+    def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
+                                 normalize_by_vocab: bool = False) -> list[float]:
+        """s(r) of each response of this rank's share from the full logits at temperature 1 (no gradient); every rank
+        must call (ZeRO-3 forwards), each with its own share."""
 
-    def probe_logprobs(self, batch: Any) -> list[list[float]]:
+    def probe_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
         """The policy's logprobs of each response's completion tokens (the weight-sync check)."""
 
     def save_hf(self, out_dir: str) -> None: ...

@@ -15,6 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
+from shop_r1.atomic import publish_atomically
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "shop_r1_import.json"
 IMPORT_FORMAT = 2  # bump when the import's output changes, so older imports are redone
@@ -69,7 +71,6 @@ def import_smollm2(out_dir: str | Path) -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / MARKER).write_text(json.dumps(_fingerprint(src)))
-    shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    publish_atomically(tmp, out)  # fsynced, then renamed over any older folder
     return out

@@ -13,6 +13,8 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from shop_r1.atomic import publish_atomically
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -87,7 +89,6 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, s
     (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "vocab_size": len(tokenizer),
                                                         "hidden_size": hidden_size, "num_layers": num_layers,
                                                         "num_parameters": model.num_parameters()}))
-    shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    publish_atomically(tmp, out)  # fsynced, then renamed over any older folder
     return out

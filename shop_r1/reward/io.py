@@ -9,10 +9,10 @@ A malformed input line stops the run with FILE:LINE and the problem (nothing is 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from shop_r1.atomic import open_atomic
 from shop_r1.config import RewardConfig
 from shop_r1.data.jsonl import read_jsonl_objects
 from shop_r1.reward.scorer import score_response
@@ -52,20 +52,8 @@ def _page_names_from(obj: Any, where: str, cfg: RewardConfig) -> tuple[str, ...]
 def score_jsonl(input_path: str | Path, output_path: str | Path, cfg: RewardConfig) -> int:
     """Score every line; the output is written aside and renamed, so a failed run leaves no half file."""
     check_reward_config(cfg)
-    out_path = Path(output_path)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    try:
-        n = _score_lines(input_path, tmp, cfg)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, out_path)
-    return n
-
-
-def _score_lines(input_path: str | Path, tmp: Path, cfg: RewardConfig) -> int:
     n = 0
-    with open(tmp, "w", encoding="utf-8") as dst:
+    with open_atomic(output_path) as dst:
         for where, obj in read_jsonl_objects(input_path):
             if not isinstance(obj.get("response"), str):
                 raise ValueError(f"{where}: response: expected a string field 'response'")

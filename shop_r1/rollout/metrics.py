@@ -1,5 +1,6 @@
-"""Per-step rollout metrics: every reward term's mean, the action-type mix of the samples, lengths, failures; and
-the periodic validation's figures (`rl.val_every`).
+"""Per-step rollout metrics: every reward term's mean, the action-type mix of the samples, lengths; and the periodic
+validation's figures (`rl.val_every`). The failure counts (`reward/num_failed*`) come from the batch's one
+`RewardFailures` record (shop_r1/reward/failures.py), which the driver's failure check reads too.
 
 The action-type mix makes the paper's failure mode visible at a glance: a policy collapsing onto `terminate`
 (Tables 3-4) shows as `rollout/type_terminate` rising towards 1; on the fixed validation subset, as `val/kappa`
@@ -11,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shop_r1.metrics import PREDICTED_KINDS, compute_metrics
-from shop_r1.reward.failures import failure_counts
 from shop_r1.types import ACTION_TYPES, Action, ScoredGeneration
 
 REWARD_TERMS = ("format", "action_type", "attribute", "value", "self_certainty", "total")
@@ -22,7 +22,6 @@ def rollout_metrics(scored: Sequence[ScoredGeneration]) -> dict[str, float]:
     completions = [c for s in scored for c in s.generation.completions]
     n = max(len(rewards), 1)
     out = {f"reward/{k}": sum(getattr(r, k) for r in rewards) / n for k in REWARD_TERMS}
-    out.update(failure_counts(rewards))  # reward/num_failed, and per cause: timeout, crash, scorer error
     # The reward stage's parse; a response whose scoring failed counts as invalid (it earned 0, see num_failed).
     types = [r.parsed.action.type if r.parsed is not None else "invalid" for r in rewards]
     for kind in (*ACTION_TYPES, "invalid"):

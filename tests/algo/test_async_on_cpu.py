@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from shop_r1.algo.grpo_loss import grpo_loss, truncated_is_weight
+from shop_r1.algo.grpo_loss import LossInputs, grpo_loss, truncated_is_weight
+from shop_r1.config import RLConfig
 from shop_r1.data.sampler import PromptSampler
 from shop_r1.distributed.engine_group import EngineFailure, ScoredBatch
 from shop_r1.distributed.rollouts import RolloutStream, load_pending
@@ -26,10 +27,11 @@ def test_behavior_weight_scales_the_surrogate_only():
     old, ref = logp.detach().clone(), torch.tensor([[-1.5, -1.0]])
     adv, mask = torch.tensor([2.0]), torch.ones(1, 2)
     weight = torch.tensor([[0.5, 2.0]])
-    plain = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, kl_beta=0.1)
-    ones = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, kl_beta=0.1, behavior_weight=torch.ones(1, 2))
+    cfg = RLConfig(kl_beta=0.1).loss_config(max_new_tokens=2)
+    plain = grpo_loss(LossInputs(logp, old, adv, mask, ref_logp=ref), cfg)
+    ones = grpo_loss(LossInputs(logp, old, adv, mask, ref_logp=ref, is_weight=torch.ones(1, 2)), cfg)
     assert float(ones.loss.detach()) == float(plain.loss.detach())
-    weighted = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, kl_beta=0.1, behavior_weight=weight)
+    weighted = grpo_loss(LossInputs(logp, old, adv, mask, ref_logp=ref, is_weight=weight), cfg)
     # ratio = 1: surrogate_t = A = 2 on both tokens; k3 per token from ref - logp = (-0.5, 1.0).
     k3 = [math.exp(d) - d - 1 for d in (-0.5, 1.0)]
     expected = (-(0.5 * 2) + 0.1 * k3[0] + -(2.0 * 2) + 0.1 * k3[1]) / 2

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from shop_r1.algo.advantages import group_advantages
-from shop_r1.algo.grpo_loss import aggregate, grpo_loss, k3_kl
+from shop_r1.algo.grpo_loss import LossInputs, aggregate, grpo_loss, k3_kl
+from shop_r1.config import RLConfig
+
+
+def _cfg(eps_low=0.2, eps_high=0.2, kl_beta=0.0, loss="dapo"):
+    return RLConfig(clip_eps=eps_low, clip_eps_high=eps_high, kl_beta=kl_beta, loss=loss).loss_config(4)
 
 
 def test_advantages_standardise_within_each_group():
@@ -44,7 +49,7 @@ def test_advantages_reject_a_flat_vector():
 def _one_token(ratio: float, adv: float, eps_low=0.2, eps_high=0.2):
     old = torch.zeros(1, 1)
     logp = torch.full((1, 1), math.log(ratio), requires_grad=True)
-    out = grpo_loss(logp, old, None, torch.tensor([adv]), torch.ones(1, 1), eps_low, eps_high, kl_beta=0.0)
+    out = grpo_loss(LossInputs(logp, old, torch.tensor([adv]), torch.ones(1, 1)), _cfg(eps_low, eps_high))
     return out, logp
 
 
@@ -83,7 +88,7 @@ def test_k3_kl_by_hand():
 def test_kl_penalty_enters_the_loss_with_beta():
     logp = torch.zeros(1, 2)
     ref = torch.full((1, 2), math.log(2.0))
-    out = grpo_loss(logp, logp, ref, torch.tensor([0.0]), torch.ones(1, 2), 0.2, 0.2, kl_beta=0.5)
+    out = grpo_loss(LossInputs(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=ref), _cfg(kl_beta=0.5))
     # A = 0 -> surrogate 0; loss = 0.5 * 0.306853 = 0.153426
     assert float(out.loss) == pytest.approx(0.153426, abs=1e-6)
     assert out.kl == pytest.approx(0.306853, abs=1e-6)
@@ -92,14 +97,15 @@ def test_kl_penalty_enters_the_loss_with_beta():
 def test_aggregation_and_masks():
     values = torch.tensor([[1.0, 3.0, 100.0], [5.0, 100.0, 100.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert float(aggregate(values, mask, "token")) == pytest.approx(3.0)      # (1 + 3 + 5) / 3
-    assert float(aggregate(values, mask, "sequence")) == pytest.approx(3.5)   # (2 + 5) / 2
+    assert float(aggregate(values, mask, "dapo")) == pytest.approx(3.0)      # (1 + 3 + 5) / 3
+    assert float(aggregate(values, mask, "grpo")) == pytest.approx(3.5)      # (2 + 5) / 2
+    assert float(aggregate(values, mask, "dr_grpo", max_new_tokens=4)) == pytest.approx(9 / 8)  # 9 / (2 x 4)
 
 
 def test_padding_never_reaches_the_loss():
     logp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    out = grpo_loss(logp, torch.zeros(2, 3), None, torch.tensor([1.0, -1.0]), mask, 0.2, 0.2, kl_beta=0.0)
+    out = grpo_loss(LossInputs(logp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask), _cfg())
     # token mean over 3 real tokens: (-1 - 1 + 1) / 3 = -1/3
     assert float(out.loss) == pytest.approx(-1 / 3)
     out.loss.backward()

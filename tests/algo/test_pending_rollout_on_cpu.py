@@ -66,6 +66,21 @@ def test_a_realistic_rollout_round_trips_exactly():
     assert load_pending(None) is None
 
 
+def test_the_batch_counts_its_failures_once_and_the_json_does_not_carry_them(monkeypatch):
+    import shop_r1.distributed.engine_group as engine_group
+
+    calls, real = [], engine_group.count_failures
+    monkeypatch.setattr(engine_group, "count_failures", lambda rewards: calls.append(len(rewards)) or real(rewards))
+    rollout = _rollout()
+    data = encode_pending(rollout)
+    # 4 rewards, one fallback: the scorer's own TimeoutError (cause "error", not the pool's "timeout").
+    assert rollout.batch.failures.check(0.25, where="step 8") == 0.25  # the driver's check ...
+    assert rollout.batch.failures.metrics()["reward/num_failed_error"] == 1.0  # ... and its metrics
+    assert calls == [4]  # one walk over the rewards, whoever reads the record
+    assert encode_pending(rollout) == data  # derived, not written into the checkpoint
+    assert load_pending(data).batch.failures == rollout.batch.failures
+
+
 def test_the_checkpoint_file_is_json_named_as_train_names_it(tmp_path):
     from shop_r1.train import PENDING_ROLLOUT
 

@@ -105,6 +105,7 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir):
     """Packed and separate forwards on the real learner: same logprobs at T = 0.6, same exact self-certainty, same
     gradient of a weighted logprob sum (1e-5, fp32), and the same GRPO step statistics with KL to a reference."""
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.grpo_step import forward_of
 
     batch = _grouped_batch(0)
     learners = [DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=0, shared_prompt=shared,
@@ -123,13 +124,13 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir):
     for m in learners:
         module = m.engine.module
         module.zero_grad(set_to_none=True)
-        (m._logprobs(module, batch) * weights).sum().backward()
+        (forward_of(m).completion_logprobs(module, batch) * weights).sum().backward()
         grads.append({n: p.grad.clone() for n, p in module.named_parameters()})
         module.zero_grad(set_to_none=True)
     for name, grad in grads[1].items():
         assert torch.allclose(grads[0][name], grad, rtol=1e-5, atol=1e-6), name
     assert max(float(g.abs().max()) for g in grads[0].values()) > 1e-3  # the gradient is not trivially zero
-    stats = [m.grpo_step(batch, RLConfig(kl_beta=0.1)) for m in learners]
+    stats = [m.grpo_step(batch, RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16)) for m in learners]
     assert stats[0].num_tokens == stats[1].num_tokens == 22
     assert stats[0].loss == pytest.approx(stats[1].loss, rel=1e-5, abs=1e-8)
     assert stats[0].grad_norm == pytest.approx(stats[1].grad_norm, rel=1e-5)

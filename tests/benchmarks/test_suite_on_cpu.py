@@ -29,7 +29,7 @@ SETTINGS_TRL = {"threads (torch.get_num_threads)": 2, "dtype": "float32", "loss"
                 "generation": "HF generate"}
 SETTINGS_OURS = {"threads (torch.get_num_threads)": {"learner": 2, "engine": 2},
                  "dtype": {"learner": "float32", "engine": "float32"},
-                 "loss": "global token mean (rl.loss_aggregation=token)", "generation": "vLLM"}
+                 "loss": "global token mean (rl.loss=dapo)", "generation": "vLLM"}
 # TRL: 8 samples per step in 8, 10 and 6 s; shop-r1 in 4, 2 and 3 s (medians 8 s and 3 s).
 TRL = bench_trl.summarize("trl", [_step(8.0, 320, {"generate": 5.6, "reward": 0.08, "rest": 2.32}),
                                   _step(10.0, 320, {"generate": 7.0, "reward": 0.1, "rest": 2.9}),

@@ -110,14 +110,13 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
 
 @pytest.mark.slow
 def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
-    """K = 2 DeepSpeed ranks under ZeRO-3: every rank takes part in the full-weight gather for the sync, the
-    engine then computes the learner's logprobs, and the learner_logits self-certainty forward runs on both ranks
-    (one rank alone would hang)."""
+    """K = 2 DeepSpeed ranks under ZeRO-3: every rank takes part in the full-weight gather for the sync, and the
+    engine then computes the learner's logprobs. (A plug-in reward, as here, gets no learner self-certainty forward;
+    that forward on ZeRO-3 ranks, each scoring its own share: tests/distributed/test_learner_ranks_on_cpu.py.)"""
     _register_by_value()
     pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
     cfg = _cfg(tmp_path, 2)
     cfg.learner.num_ranks, cfg.learner.zero_stage, cfg.learner.num_cpus_per_rank = 2, 3, 0.5
-    cfg.reward.self_certainty.source = "learner_logits"
     result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad,
                       score_fn=variety_reward)
     assert result.num_steps == 2

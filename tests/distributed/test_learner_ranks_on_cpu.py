@@ -30,7 +30,7 @@ def test_two_ranks_give_the_one_rank_update_for_any_batch_size(ray_local_cluster
     Before the fix: a rank with no responses divided by zero, and the loss was a mean of per-rank means."""
     from shop_r1.distributed.learner_group import LearnerGroup
 
-    rl = RLConfig(kl_beta=0.1)
+    rl = RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16)
     common = dict(zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)  # several micro-batches
     one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-6, 3, 0, local=False,
                        reference_path=str(tiny_model_dir))
@@ -59,7 +59,7 @@ def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_loc
     from shop_r1.distributed.learner_group import LearnerGroup
     from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
-    rl = RLConfig(kl_beta=0.1)
+    rl = RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16)
     common = dict(zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
     separate = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, shared_prompt=False, **common), 1e-6, 3,
                             0, local=False, reference_path=str(tiny_model_dir))
@@ -67,6 +67,10 @@ def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_loc
                           local=False, reference_path=str(tiny_model_dir))
     try:
         batch = _grouped_batch(3)
+        # s(r) first (before the update moves the weights): each rank computes its own share's values.
+        certainty = separate.rationale_self_certainty(batch, "p_to_u")
+        assert shared.rationale_self_certainty(batch, "p_to_u") == pytest.approx(certainty, rel=1e-5, abs=1e-7)
+        assert sum(v != 0 for v in certainty) >= 2
         a = separate.grpo_step(batch, rl)[0]
         b = shared.grpo_step(batch, rl)[0]
         assert a.num_tokens == b.num_tokens == 22
@@ -75,3 +79,30 @@ def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_loc
     finally:
         separate.shutdown()
         shared.shutdown()
+
+
+@pytest.mark.timeout(900)
+def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir):
+    """Each rank receives and scores only its share of the responses. Under ZeRO-3 every forward and LM-head call is
+    a collective: a rank whose rows hold no rationale token (rank 1 here) and fewer micro-batches must still make as
+    many calls (no hang). The values come back in the batch's order, equal to one rank's."""
+    import dataclasses
+
+    from shop_r1.distributed.learner_group import LearnerGroup
+    from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
+
+    batch = _grouped_batch(3)
+    rationale = batch.rationale_mask.clone()
+    rationale[3:] = 0  # rows 3-5 (rank 1's share) have none
+    batch = dataclasses.replace(batch, rationale_mask=rationale)
+    common = dict(zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)
+    one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-6, 3, 0, local=False)
+    two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-6, 3, 0, local=False)
+    try:
+        a = one.rationale_self_certainty(batch, "u_to_p")
+        b = two.rationale_self_certainty(batch, "u_to_p")
+        assert len(b) == 6 and b[3:] == [0.0, 0.0, 0.0] and sum(v != 0 for v in a) == 2
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-7)
+    finally:
+        one.shutdown()
+        two.shutdown()

@@ -4,7 +4,7 @@ bytes sent), and a real push still sends the weights. Local mode, fake engine an
 from shop_r1.config import LearnerConfig, RolloutConfig
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
-from shop_r1.distributed.weight_sync import make_weight_sync
+from shop_r1.distributed.sync_group import make_weight_sync
 
 
 class FakeEngine:

@@ -16,7 +16,7 @@ import torch
 from shop_r1.config import LearnerConfig, RolloutConfig
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
-from shop_r1.distributed.weight_sync import make_weight_sync
+from shop_r1.distributed.sync_group import make_weight_sync
 from shop_r1.weight_sync.broadcast import WeightReceiver, WeightSender, make_manifest, open_master_store
 
 TIMEOUT_S = 10.0
@@ -50,7 +50,7 @@ class SyncLearner:
     def broadcast_weights(self, manifest):
         return self._sender.send(manifest, iter(self.weights))
 
-    def grpo_step(self, batch, rl):
+    def grpo_step(self, batch, loss_cfg):
         time.sleep(3600)  # a hung update
 
 
@@ -165,7 +165,7 @@ def test_a_hung_learner_step_raises_actor_timeout_naming_the_key(ray_local_clust
         batch = SimpleNamespace(num_responses=2, input_ids=torch.zeros(2, 8, dtype=torch.long))  # 16 tokens
         start = time.perf_counter()
         with pytest.raises(ActorTimeout) as err:
-            learners.grpo_step(batch, rl=None)
+            learners.grpo_step(batch, loss_cfg=None)
         assert time.perf_counter() - start < 30
         assert str(err.value) == ("learner grpo_step on 1 rank(s), 16 tokens per rank (learner.step_timeout_s=2): "
                                   "not done within 2 s")

@@ -72,9 +72,9 @@ def test_learner_grpo_step_on_cuda_bf16(tiny_model_dir):
                       torch.zeros(ids.shape))
     learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype="bfloat16"), lr=1e-3,
                                total_steps=2, reference_path=str(tiny_model_dir))
-    stats = learner.grpo_step(batch, RLConfig(kl_beta=0.1))
+    stats = learner.grpo_step(batch, RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16))
     assert learner.device.type == "cuda" and stats.num_tokens == 16 and stats.grad_norm > 0
-    second = learner.grpo_step(batch, RLConfig(kl_beta=0.1))
+    second = learner.grpo_step(batch, RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16))
     assert second.kl > 0  # the policy moved away from the frozen reference
 
 

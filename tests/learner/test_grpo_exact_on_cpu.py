@@ -45,7 +45,7 @@ def test_engine_and_learner_logprobs_agree_at_the_sampling_temperature(tiny_mode
                 at_one = learner.probe_logprobs(build_grpo_batch(scored, zeros, tok.pad_token_id, 1.0))
                 assert max(abs(a - b) for o, t in zip(at_one, theirs) for a, b in zip(o, t)) > 1e-2
             # The step reports the same agreement as a metric (mean and max over the sampled tokens).
-            stats = learner.grpo_step(batch, RLConfig(kl_beta=0.0))
+            stats = learner.grpo_step(batch, RLConfig(kl_beta=0.0).loss_config(spec.max_new_tokens))
             assert stats.sampler_logprob_abs_diff_max < 1e-4 and stats.num_tokens == sum(len(t) for t in theirs)
             engine.load_weights(learner.named_weights(), version=stats.step)
     finally:

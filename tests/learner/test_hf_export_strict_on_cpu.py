@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner, load_trained_weights
+from shop_r1.learner.backend import load_trained_weights
+from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
 
 
 def _tiny(tied: bool, seed: int) -> Qwen2ForCausalLM:

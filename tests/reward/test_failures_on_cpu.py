@@ -7,7 +7,9 @@ import pytest
 
 from shop_r1.reward.failures import (
     RewardFailureError,
+    RewardFailures,
     check_failed_fraction,
+    count_failures,
     crash_error,
     failure_cause,
     failure_counts,
@@ -38,6 +40,22 @@ def test_failure_counts_by_cause():
                                        "reward/num_failed_crash": 1.0, "reward/num_failed_error": 3.0}
     assert failure_counts([]) == {"reward/num_failed": 0.0, "reward/num_failed_timeout": 0.0,
                                   "reward/num_failed_crash": 0.0, "reward/num_failed_error": 0.0}
+
+
+def test_one_walk_gives_the_record_that_the_check_and_the_metrics_read():
+    rewards = [OK] * 6 + [TIMEOUT, CRASH, ERROR, fallback_reward("KeyError: second")]
+    failures = count_failures(rewards)
+    assert failures == RewardFailures(10, {"timeout": 1, "crash": 1, "error": 2},
+                                      {"timeout": "timeout", "crash": "worker crashed: ActorDiedError",
+                                       "error": "RuntimeError: poisoned response"})
+    assert (failures.num_failed, failures.share) == (4, 0.4)
+    assert failures.metrics() == failure_counts(rewards) == {
+        "reward/num_failed": 4.0, "reward/num_failed_timeout": 1.0, "reward/num_failed_crash": 1.0,
+        "reward/num_failed_error": 2.0}
+    assert failures.check(0.4, where="step 2") == 0.4 == check_failed_fraction(rewards, 0.4, where="step 2")
+    with pytest.raises(RewardFailureError, match=r"^step 2: 4 of 10 rewards are fallbacks \(share 0.4\)"):
+        failures.check(0.3, where="step 2")
+    assert count_failures([]).share == 0.0 and count_failures([]).check(0.0, where="step 1") == 0.0
 
 
 def test_invalid_format_is_a_score_not_a_failure():
@@ -92,7 +110,8 @@ def test_failures_module_is_pure():
     imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
                 for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in (n.names if isinstance(n, ast.Import) else [None])}
-    assert imported <= {"__future__", "typing", "collections.abc", "shop_r1.types"} and "shop_r1.types" in imported
+    assert imported <= {"__future__", "typing", "collections.abc", "dataclasses", "shop_r1.types"}
+    assert "shop_r1.types" in imported
     code = ("import sys, shop_r1.reward.failures\n"
             "print(','.join(m for m in ('ray', 'vllm', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

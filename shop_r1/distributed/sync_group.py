@@ -1,4 +1,5 @@
-"""Weight-sync orchestration between the learner group and the engine group (the transports are swappable).
+"""Weight-sync orchestration between the learner group and the engine group (the transports are swappable, chosen
+once by `make_weight_sync`; the wire itself, sender and receiver, is shop_r1/weight_sync/broadcast.py).
 
 - `BroadcastSync` (Ray): learner rank 0 and every engine form a dedicated process group once; each push is one
   bucketed broadcast (NCCL where every party holds whole GPUs, gloo otherwise: `sync_backend`), all ranks of the
@@ -191,8 +192,34 @@ def sync_backend(gpus_per_learner_rank: float, gpus_per_engine: float) -> str:
     return "nccl" if gpus_per_learner_rank >= 1 and gpus_per_engine >= 1 else "gloo"
 
 
-def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str
-                     ) -> WeightSync:
-    if local:
+TRANSPORTS = ("auto", "nccl", "gloo", "direct")
+"""The weight-sync transports a run may name: "nccl" or "gloo" (BroadcastSync's group on that backend), "direct"
+(DirectSync: ray.local_mode only), "auto" (DirectSync in ray.local_mode, else BroadcastSync on `sync_backend`'s
+choice from the placement)."""
+
+
+def choose_transport(transport: str, local: bool, backend: str) -> str:
+    """"direct", "nccl" or "gloo": `transport` (one of TRANSPORTS) for this run; `backend` is `sync_backend`'s choice,
+    which "auto" takes outside local mode. A transport that cannot run here is refused, naming it: DirectSync hands
+    rank 0's tensors over in one process (across processes a ZeRO-3 gather needs every rank), and a broadcast group
+    needs processes of its own."""
+    if transport == "auto":
+        return "direct" if local else backend
+    if transport not in TRANSPORTS:
+        raise ValueError(f"weight-sync transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
+    if transport == "direct" and not local:
+        raise ValueError("weight-sync transport 'direct' runs only with ray.local_mode=true (one process holds the "
+                         "learner and the engines); use auto, nccl or gloo")
+    if transport != "direct" and local:
+        raise ValueError(f"weight-sync transport {transport!r} forms a process group of Ray actors, and "
+                         "ray.local_mode=true has none; use auto or direct")
+    return transport
+
+
+def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str,
+                     transport: str = "auto") -> WeightSync:
+    """The run's weight sync, the transport chosen here once (`choose_transport`; "auto": today's default)."""
+    chosen = choose_transport(transport, local, backend)
+    if chosen == "direct":
         return DirectSync(learners, engines)
-    return BroadcastSync(learners, engines, bucket_bytes, backend=backend)
+    return BroadcastSync(learners, engines, bucket_bytes, backend=chosen)

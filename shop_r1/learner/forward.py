@@ -1,0 +1,100 @@
+"""The learner's forward math, one implementation for every backend and test: hidden states (shared prompts encoded
+once), the LM head on target positions only, the logprobs of given tokens, and s(r) from full logits.
+
+`model` is a Hugging Face causal LM (its transformer `model.model` and its `model.lm_head`), trained or frozen. Under
+ZeRO-3 its parameters are partitioned, so every rank must run the same forwards (the step takes care of that).
+Shapes: b rows, T tokens (right-padded), N = the rows' flattened positions, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from shop_r1.algo.batch import GRPOBatch
+
+
+@dataclass(frozen=True)
+class Hidden:
+    states: torch.Tensor  # [N, H] the final hidden states, flattened
+    source: torch.Tensor  # [b, T] the index in `states` of the state that predicts row token t (the one at t - 1)
+
+
+def picked_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """logits [n, V], token_ids [n] -> [n]: log softmax(logits / temperature)[token], in float32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def self_certainty_from_logits(logits: torch.Tensor, direction: Literal["p_to_u", "u_to_p"],
+                               normalize_by_vocab: bool = False) -> float:
+    """s(r): the mean over the rationale tokens' logits [n, V] (at temperature 1) of their KL to the uniform
+    distribution; divided by |V| when `normalize_by_vocab` (the paper's literal 1/|V|)."""
+    from shop_r1.reward.self_certainty import kl_to_uniform_logits
+
+    value = float(kl_to_uniform_logits(logits, direction).float().mean())
+    return value / logits.shape[-1] if normalize_by_vocab else value
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Forwards on `device`; with `shared_prompt` (learner.shared_prompt) GRPO rows that share a prompt encode it once
+    (shop_r1/algo/shared_prompt.py: the same outputs and gradients as the separate rows)."""
+
+    device: torch.device
+    shared_prompt: bool = False
+
+    def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               completion_mask: torch.Tensor | None = None) -> Hidden:
+        """One forward of `model`'s transformer over rows [b, T]; packed per prompt when `shared_prompt` and a
+        completion mask (GRPO rows) are given, else the rows run as they are."""
+        dev = self.device
+        if completion_mask is not None and self.shared_prompt:
+            from shop_r1.algo.shared_prompt import pack_shared_prompts, prefix_lengths
+
+            packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask))
+            hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
+                                 attention_mask=packed.additive_mask(model.dtype, dev)).last_hidden_state
+            return Hidden(hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev))
+        hidden = model.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).last_hidden_state
+        rows, width = input_ids.shape
+        source = torch.arange(rows * width, device=dev).view(rows, width) - 1
+        source[:, 0] = -1
+        return Hidden(hidden.reshape(-1, hidden.shape[-1]), source)
+
+    def target_logprobs(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        target_mask: torch.Tensor, temperature: float = 1.0,
+                        completion_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, T] logprob of token t (predicted at t - 1) under softmax(logits / temperature) where target_mask[:, t]
+        is 1, else 0. The vocabulary projection runs only on target positions (assistant or completion tokens, a
+        small share of page-heavy sequences), so no [b, T, V] logits tensor is ever built."""
+        ids = input_ids.to(self.device)
+        hidden = self.hidden(model, input_ids, attention_mask, completion_mask)
+        where = target_mask[:, 1:].to(self.device).bool()  # [b, T-1]
+        logits = model.lm_head(hidden.states.index_select(0, hidden.source[:, 1:][where]))  # [n, V]
+        picked = picked_logprobs(logits, ids[:, 1:][where], temperature)
+        out = torch.zeros(ids.shape, dtype=picked.dtype, device=self.device)
+        out[:, 1:][where] = picked
+        return out
+
+    def completion_logprobs(self, model: Any, batch: GRPOBatch) -> torch.Tensor:
+        """[b, T] logprob of each completion token under `model` at the batch's sampling temperature (0 elsewhere):
+        log softmax(logits / T), the distribution the engine sampled from (as TRL and verl score it)."""
+        return self.target_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask,
+                                    batch.temperature, completion_mask=batch.completion_mask)
+
+    @torch.no_grad()
+    def rationale_self_certainty(self, model: Any, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
+                                 normalize_by_vocab: bool = False) -> list[float]:
+        """s(r) per row (0 without rationale tokens) from `model`'s full logits at temperature 1 over the row's
+        rationale tokens: s(r) is defined on the model's own distribution, not the sampling one. One LM-head call
+        for all the rows (under ZeRO-3 each call is a collective: every rank makes as many, whatever its rows hold)."""
+        hidden = self.hidden(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+        where = batch.rationale_mask[:, 1:].to(self.device).bool()  # [b, T-1]
+        logits = model.lm_head(hidden.states.index_select(0, hidden.source[:, 1:][where]))  # [n_rationale, V]
+        return [self_certainty_from_logits(rows, direction, normalize_by_vocab) if rows.shape[0] else 0.0
+                for rows in logits.split(where.sum(dim=1).tolist())]
