@@ -48,7 +48,7 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     from transformers import AutoTokenizer
 
     from shop_r1.data.examples import load_sft_examples
-    from shop_r1.distributed.actors import is_actor_death
+    from shop_r1.distributed.actors import with_restarts
     from shop_r1.learner.sft_data import tokenize_sft_examples
 
     start = time.perf_counter()
@@ -56,18 +56,9 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     tokenized = tokenize_sft_examples(load_sft_examples(sft_examples_path), tokenizer, cfg.sft.max_seq_len)
     if not tokenized.sequences:
         raise ValueError(f"{sft_examples_path}: no SFT conversation fits sft.max_seq_len={cfg.sft.max_seq_len}")
-    for attempt in range(cfg.sft.max_restarts + 1):
-        try:
-            step, losses = _run_sft_attempt(cfg, model_path, tokenized, tokenizer.pad_token_id or 0, Path(out_dir),
-                                            local, resume or attempt > 0, learner_cls)
-            break
-        except Exception as e:
-            if local or not is_actor_death(e) or attempt == cfg.sft.max_restarts:
-                raise
-            print(f"[sft] an actor died or hung ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  "actors torn down, "
-                  f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.sft.max_restarts})",
-                  flush=True)
+    step, losses = with_restarts(lambda again: _run_sft_attempt(
+        cfg, model_path, tokenized, tokenizer.pad_token_id or 0, Path(out_dir), local, resume or again, learner_cls),
+        cfg.sft.max_restarts, local, "sft")
     out = Path(out_dir)
     return SFTResult(str(out / "hf"), str(out / "checkpoint"), step, losses[0] if losses else math.nan,
                      losses[-1] if losses else math.nan, tokenized.num_dropped, time.perf_counter() - start)

@@ -218,23 +218,14 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     resumes from the last complete checkpoint, up to `rl.max_restarts` times. Steps after that checkpoint run again
     (their log lines appear again in metrics_grpo.jsonl and rollouts.jsonl; the last occurrence is the one kept).
     """
-    from shop_r1.distributed.actors import is_actor_death
+    from shop_r1.distributed.actors import with_restarts
 
     score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
     check_prompts(cfg, prompts, val_prompts)
     val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
-    for attempt in range(cfg.rl.max_restarts + 1):
-        try:
-            return _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or attempt > 0, pad_id,
-                                     score_fn, engine_cls, learner_cls, val)
-        except Exception as e:
-            if local or not is_actor_death(e) or attempt == cfg.rl.max_restarts:
-                raise
-            print(f"[grpo] an actor died or hung ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  "actors torn down, "
-                  f"resuming from the last checkpoint (restart {attempt + 1} of at most {cfg.rl.max_restarts})",
-                  flush=True)
-    raise AssertionError("unreachable")
+    return with_restarts(lambda again: _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or again,
+                                                         pad_id, score_fn, engine_cls, learner_cls, val),
+                         cfg.rl.max_restarts, local, "grpo")
 
 
 def check_prompts(cfg: Config, prompts: list[Prompt], val_prompts: list[Prompt] | None) -> None:

@@ -11,9 +11,11 @@ which `get` returns or raises, so errors surface at the same place as with Ray.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Forwarded to every actor so a worker on another node behaves like the driver (offline hub, CPU accelerator, ...).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",
@@ -188,6 +190,22 @@ def is_actor_death(error: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(error, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+
+
+def with_restarts(attempt: Callable[[bool], T], max_restarts: int, local: bool, tag: str) -> T:
+    """`attempt(resume)` until it returns: an actor that died or hung (`is_actor_death`) ends the attempt, and the next
+    one resumes from the last checkpoint, at most `max_restarts` times; any other error (or one in local mode, where
+    nothing can be restarted) is raised. The first attempt gets resume=False (the caller decides for itself)."""
+    for restart in range(max_restarts + 1):
+        try:
+            return attempt(restart > 0)
+        except Exception as e:
+            if local or not is_actor_death(e) or restart == max_restarts:
+                raise
+            print(f"[{tag}] an actor died or hung ({type(e).__name__}: {str(e).splitlines()[0][:200]}); actors torn "
+                  f"down, resuming from the last checkpoint (restart {restart + 1} of at most {max_restarts})",
+                  flush=True)
+    raise AssertionError("unreachable")
 
 
 def kill(handle: Any) -> None:
