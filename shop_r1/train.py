@@ -237,7 +237,7 @@ def check_prompts(cfg: Config, prompts: list[Prompt], val_prompts: list[Prompt] 
                           "a validation split); set rl.val_every=0 to train without periodic validation")
     if cfg.reward.click_guard and any(p.page_names is None for p in prompts):
         raise ConfigError("reward.click_guard=true needs each prompt's page_names (the current page's element "
-                          "names: shop_r1/reward/click_guard.py: page_element_names); these prompts have none")
+                          "names: shop_r1/data/pages.py: page_element_names); these prompts have none")
 
 
 def validate(engines: Engines, prompts: list[Prompt], cfg: Config, version: int) -> dict[str, float]:

@@ -239,7 +239,7 @@ class Prompt:
     target: Action
     page_names: tuple[str, ...] | None = None
     """Element names (`name` attributes) of the page the action is taken on, for reward.click_guard
-    (shop_r1/reward/click_guard.py: page_element_names); None: not extracted."""
+    (shop_r1/data/pages.py: page_element_names); None: not extracted."""
 
 
 @dataclass(frozen=True)

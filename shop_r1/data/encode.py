@@ -15,8 +15,8 @@ def encode_prompts(tokenizer: Any, examples: Sequence[RLExample], max_prompt_tok
     the example: `data build` should have truncated it with the same tokenizer and budget. Each prompt carries the
     element names of its current page (for `reward.click_guard`).
     """
+    from shop_r1.data.pages import page_element_names
     from shop_r1.data.prompts import apply_chat_template
-    from shop_r1.reward.click_guard import page_element_names
 
     prompts = []
     for ex in examples:

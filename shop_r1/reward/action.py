@@ -84,7 +84,7 @@ def action_reward(pred: Action, target: Action, cfg: RewardConfig,
         if cfg.click_guard:
             if page_names is None:
                 raise ValueError("reward.click_guard needs the page's element names (Prompt.page_names, "
-                                 "shop_r1/reward/click_guard.py: page_element_names)")
+                                 "shop_r1/data/pages.py: page_element_names)")
             if value and not click_value_allowed(pred.name, target.name, page_names):
                 value = 0.0
         return ActionReward(ACTION_TYPE_REWARD, attribute, value)

@@ -10,39 +10,16 @@ guard, a click keeps its value term only if
 
 A predicted name that is itself another element of the page matches itself at 1.0, so it passes only when its ROUGE
 tokens equal the target's: in effect the value is paid for the target's element (up to tokenisation), which is what
-the evaluation's exact match asks. Element names are the page HTML's `name` attributes (`page_element_names`).
+the evaluation's exact match asks. Element names are the page HTML's `name` attributes
+(`shop_r1/data/pages.py: page_element_names`, read when prompts are encoded).
 """
 
 from __future__ import annotations
 
-import html
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
+from shop_r1.data.pages import element_names, page_element_names  # noqa: F401  (the guard's page names)
 from shop_r1.reward.rouge import rouge_l
-from shop_r1.types import Message
-
-# A `name` attribute (not `data-name`, `username`), double- or single-quoted, as the simplified HTML writes it.
-_NAME_ATTR = re.compile(r"""(?<![\w\-:])name\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
-
-
-def element_names(page_html: str) -> tuple[str, ...]:
-    """The distinct `name` attribute values of `page_html`, in page order, entities unescaped (`&amp;` -> `&`)."""
-    seen: dict[str, None] = {}
-    for m in _NAME_ATTR.finditer(page_html):
-        name = html.unescape(m.group(1) if m.group(1) is not None else m.group(2))
-        if name.strip():
-            seen.setdefault(name, None)
-    return tuple(seen)
-
-
-def page_element_names(messages: Sequence[Message]) -> tuple[str, ...]:
-    """The element names of the current page: those of the prompt's last user turn (which holds the page the next
-    action is taken on). No user turn: ()."""
-    for m in reversed(messages):
-        if m.role == "user":
-            return element_names(m.content)
-    return ()
 
 
 def click_value_allowed(pred_name: str, target_name: str, page_names: Iterable[str]) -> bool:
