@@ -210,6 +210,11 @@ class RolloutConfig:
 class LearnerConfig:
     num_ranks: int = 1
     """DeepSpeed data-parallel ranks, one Ray actor each (gloo on CPU, NCCL on GPU). Range: >= 1."""
+    backend: Literal["deepspeed", "fsdp2"] = "deepspeed"
+    """What trains on each rank: `deepspeed` (ZeRO, `zero_stage`) or `fsdp2`, torch's own `fully_shard` (each decoder
+    layer sharded over the ranks, as in TRL's async trainer and prime-rl; `zero_stage` does not apply, and
+    `offload_optimizer` is refused). Both run the same GRPO step (shop_r1/learner/grpo_step.py) to the same update; a
+    checkpoint is in its backend's format, so a resume may not change it."""
     zero_stage: int = 2
     """DeepSpeed ZeRO stage. Range: in [0, 3]."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -32,8 +32,8 @@ resources and timeouts it gets, what the evaluations read:
 Every other key changes the experiment and is refused unless forced (safe default: a new field counts as changing
 the experiment until someone adds it here): model.*, data.*, reward.*, seed, rl.lr, rl.global_batch_size, rl.kl_beta,
 the clip/loss/scale/async settings, rollout.group_size / temperature / max_new_tokens / top_k_logprobs / dtype, the
-learner's dtype, grad_clip, weight_decay, zero_stage and num_ranks (a ZeRO checkpoint is partitioned by rank), and
-the rest of sft.*.
+learner's backend (a checkpoint is in its backend's format), dtype, grad_clip, weight_decay, zero_stage and num_ranks
+(a ZeRO checkpoint is partitioned by rank), and the rest of sft.*.
 """
 
 from __future__ import annotations

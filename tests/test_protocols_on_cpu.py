@@ -11,6 +11,7 @@ from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.sync_group import BroadcastSync, DirectSync
 from shop_r1.learner.backend import TrainingBackend
 from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.fsdp2_learner import FSDP2Learner
 from shop_r1.learner.protocol import Learner
 from shop_r1.rollout.engine import RolloutEngine
 from shop_r1.rollout.vllm_engine import VLLMEngine
@@ -26,7 +27,8 @@ def _params(fn):
 
 
 @pytest.mark.parametrize("protocol, backend", [
-    (Learner, DeepSpeedLearner), (TrainingBackend, DeepSpeedLearner), (RolloutEngine, VLLMEngine),
+    (Learner, DeepSpeedLearner), (TrainingBackend, DeepSpeedLearner), (Learner, FSDP2Learner),
+    (TrainingBackend, FSDP2Learner), (RolloutEngine, VLLMEngine),
     (Learners, LearnerGroup), (Engines, EngineGroup), (WeightSync, BroadcastSync), (WeightSync, DirectSync)])
 def test_backend_implements_its_protocol(protocol, backend):
     methods = _methods(protocol)
@@ -35,6 +37,16 @@ def test_backend_implements_its_protocol(protocol, backend):
         impl = getattr(backend, name, None)
         assert impl is not None, f"{backend.__name__} lacks {protocol.__name__}.{name}"
         assert _params(impl) == _params(fn), f"{backend.__name__}.{name}{inspect.signature(impl)} vs protocol {fn}"
+
+
+def test_every_learner_backend_offers_the_deepspeed_learners_methods():
+    """The learner group and the weight-sync transports also call methods outside the protocols (weight_manifest,
+    broadcast_weights, nonfinite_weights, ...): every backend has each public method of DeepSpeedLearner, with the
+    same parameters, and the same constructor (the group builds any backend with the same arguments)."""
+    for name, fn in [("__init__", DeepSpeedLearner.__init__), *_methods(DeepSpeedLearner).items()]:
+        impl = getattr(FSDP2Learner, name, None)
+        assert impl is not None, f"FSDP2Learner lacks DeepSpeedLearner.{name}"
+        assert _params(impl) == _params(fn), f"FSDP2Learner.{name}{inspect.signature(impl)} vs {fn}"
 
 
 def test_the_check_can_fail():

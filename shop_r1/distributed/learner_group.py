@@ -46,7 +46,9 @@ class LearnerGroup:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, seed: int, local: bool,
                  warmup_steps: int = 0, reference_path: str | None = None, learner_cls: type | None = None,
                  lr_schedule: str = "constant") -> None:
-        if learner_cls is None:
+        if learner_cls is None and cfg.backend == "fsdp2":
+            from shop_r1.learner.fsdp2_learner import FSDP2Learner as learner_cls  # noqa: N813
+        elif learner_cls is None:
             from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
         self.world_size = cfg.num_ranks
         self._pg = self._rendezvous = None

@@ -101,16 +101,21 @@ def _grouped_batch(seed: int, temperature: float = 0.6) -> GRPOBatch:
 
 
 @pytest.mark.timeout(600)
-def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir):
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend):
     """Packed and separate forwards on the real learner: same logprobs at T = 0.6, same exact self-certainty, same
     gradient of a weighted logprob sum (1e-5, fp32), and the same GRPO step statistics with KL to a reference."""
+    from torch.distributed.tensor import DTensor
+
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.fsdp2_learner import FSDP2Learner
     from shop_r1.learner.grpo_step import forward_of
 
     batch = _grouped_batch(0)
-    learners = [DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=0, shared_prompt=shared,
-                                                                     max_tokens_per_micro_batch=64),
-                                 lr=1e-4, total_steps=2, reference_path=str(tiny_model_dir))
+    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
+    learners = [learner_cls(str(tiny_model_dir), LearnerConfig(zero_stage=0, shared_prompt=shared,
+                                                               max_tokens_per_micro_batch=64),
+                            lr=1e-4, total_steps=2, reference_path=str(tiny_model_dir))
                 for shared in (True, False)]
     packed, separate = learners
     a, b = packed.probe_logprobs(batch), separate.probe_logprobs(batch)
@@ -122,10 +127,11 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir):
     weights = torch.linspace(-1.0, 1.0, batch.input_ids.numel()).view(batch.input_ids.shape)
     grads = []
     for m in learners:
-        module = m.engine.module
+        module = m.engine.module if backend == "deepspeed" else m.module  # FSDP2: sharded, its grads DTensors
         module.zero_grad(set_to_none=True)
-        (forward_of(m).completion_logprobs(module, batch) * weights).sum().backward()
-        grads.append({n: p.grad.clone() for n, p in module.named_parameters()})
+        (forward_of(m).completion_logprobs(m.policy, batch) * weights).sum().backward()
+        grads.append({n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+                      for n, p in module.named_parameters()})
         module.zero_grad(set_to_none=True)
     for name, grad in grads[1].items():
         assert torch.allclose(grads[0][name], grad, rtol=1e-5, atol=1e-6), name

@@ -1,11 +1,13 @@
-"""K DeepSpeed learner ranks on Ray (gloo): for any batch size the ranks make the same collective calls and the
-update is the one rank's, the exact global token mean."""
+"""K learner ranks on Ray (gloo), each backend (learner.backend): for any batch size the ranks make the same
+collective calls and the update is the one rank's, the exact global token mean."""
 
 import pytest
 import torch
 
 from shop_r1.algo.batch import GRPOBatch
 from shop_r1.config import LearnerConfig, RLConfig
+
+BACKENDS = ["deepspeed", "fsdp2"]
 
 
 def _batch(lengths, seed, temperature=0.6):
@@ -24,14 +26,15 @@ def _batch(lengths, seed, temperature=0.6):
 
 
 @pytest.mark.timeout(900)
-def test_two_ranks_give_the_one_rank_update_for_any_batch_size(ray_local_cluster, tiny_model_dir):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_give_the_one_rank_update_for_any_batch_size(ray_local_cluster, tiny_model_dir, backend):
     """2 ZeRO-2 ranks with 1, 3 and 5 responses (an empty share, uneven shares of uneven lengths) make the same
     number of collective calls (no hang) and the same global token-mean gradient as 1 rank on the whole batch.
     Before the fix: a rank with no responses divided by zero, and the loss was a mean of per-rank means."""
     from shop_r1.distributed.learner_group import LearnerGroup
 
     rl = RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16)
-    common = dict(zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)  # several micro-batches
+    common = dict(backend=backend, zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)  # several
     one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-6, 3, 0, local=False,
                        reference_path=str(tiny_model_dir))
     two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-6, 3, 0, local=False,
@@ -53,14 +56,15 @@ def test_two_ranks_give_the_one_rank_update_for_any_batch_size(ray_local_cluster
 
 
 @pytest.mark.timeout(900)
-def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_local_cluster, tiny_model_dir):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_local_cluster, tiny_model_dir, backend):
     """Shared-prompt packing on 2 ranks (a group split between them) against 1 rank running the separate rows:
     the same global loss, gradient norm and token count, for groups with prompts of mixed lengths."""
     from shop_r1.distributed.learner_group import LearnerGroup
     from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
     rl = RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16)
-    common = dict(zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
+    common = dict(backend=backend, zero_stage=2, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
     separate = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, shared_prompt=False, **common), 1e-6, 3,
                             0, local=False, reference_path=str(tiny_model_dir))
     shared = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, shared_prompt=True, **common), 1e-6, 3, 0,
@@ -74,7 +78,9 @@ def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_loc
         a = separate.grpo_step(batch, rl)[0]
         b = shared.grpo_step(batch, rl)[0]
         assert a.num_tokens == b.num_tokens == 22
-        assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+        # FSDP2 reports torch's float32 norm (clip_grad_norm_), rounded per shard on CPU: 2e-5 apart at 1 and 2
+        # ranks on bitwise-equal gradients (5e-5 off the float64 norm for the embedding's alone).
+        assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5 if backend == "deepspeed" else 1e-4)
         assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-8)
     finally:
         separate.shutdown()
@@ -82,7 +88,8 @@ def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_loc
 
 
 @pytest.mark.timeout(900)
-def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir, backend):
     """Each rank receives and scores only its share of the responses. Under ZeRO-3 every forward and LM-head call is
     a collective: a rank whose rows hold no rationale token (rank 1 here) and fewer micro-batches must still make as
     many calls (no hang). The values come back in the batch's order, equal to one rank's."""
@@ -95,7 +102,7 @@ def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, ti
     rationale = batch.rationale_mask.clone()
     rationale[3:] = 0  # rows 3-5 (rank 1's share) have none
     batch = dataclasses.replace(batch, rationale_mask=rationale)
-    common = dict(zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)
+    common = dict(backend=backend, zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)
     one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-6, 3, 0, local=False)
     two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-6, 3, 0, local=False)
     try:

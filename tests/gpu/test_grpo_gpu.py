@@ -59,9 +59,11 @@ def test_bucketed_broadcast_of_cuda_tensors(backend):
         torch.testing.assert_close(u, t.to(torch.bfloat16).float())
 
 
-def test_learner_grpo_step_on_cuda_bf16(tiny_model_dir):
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_learner_grpo_step_on_cuda_bf16(tiny_model_dir, backend):
     from shop_r1.algo.batch import GRPOBatch
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.fsdp2_learner import FSDP2Learner
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     text = "<|im_start|>user\nshoes<|im_end|>\n<|im_start|>assistant\n{\"rationale\""
@@ -70,22 +72,25 @@ def test_learner_grpo_step_on_cuda_bf16(tiny_model_dir):
     comp[:, -4:] = 1
     batch = GRPOBatch(ids, torch.ones_like(ids), comp, torch.zeros_like(ids), torch.tensor([1.0, -1.0, 0.5, -0.5]),
                       torch.zeros(ids.shape))
-    learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype="bfloat16"), lr=1e-3,
-                               total_steps=2, reference_path=str(tiny_model_dir))
+    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
+    learner = learner_cls(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype="bfloat16"), lr=1e-3,
+                          total_steps=2, reference_path=str(tiny_model_dir))
     stats = learner.grpo_step(batch, RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16))
     assert learner.device.type == "cuda" and stats.num_tokens == 16 and stats.grad_norm > 0
     second = learner.grpo_step(batch, RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16))
     assert second.kl > 0  # the policy moved away from the frozen reference
 
 
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 5e-3)])
-def test_learner_logprobs_at_sampling_temperature_on_cuda(tiny_model_dir, dtype, tol):
+def test_learner_logprobs_at_sampling_temperature_on_cuda(tiny_model_dir, dtype, tol, backend):
     """The learner scores log softmax(logits / T) on CUDA as on CPU: against a float32 transformers forward at
     T = 0.6 (measured on an H100: 5e-7 in float32, 9e-4 in bf16)."""
     from transformers import AutoModelForCausalLM
 
     from shop_r1.algo.batch import GRPOBatch
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.fsdp2_learner import FSDP2Learner
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     text = "<|im_start|>user\nfind running shoes<|im_end|>\n<|im_start|>assistant\n{\"r"
@@ -96,7 +101,8 @@ def test_learner_logprobs_at_sampling_temperature_on_cuda(tiny_model_dir, dtype,
     with torch.no_grad():
         logits = model(ids.cuda()).logits[0, :-1].double() / 0.6
     want = torch.log_softmax(logits, -1).gather(1, ids[0, 1:].cuda()[:, None])[:, 0][comp[0, 1:].bool().cuda()]
-    learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype=dtype), lr=1e-3, total_steps=1)
+    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
+    learner = learner_cls(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype=dtype), lr=1e-3, total_steps=1)
     batch = GRPOBatch(ids, torch.ones_like(ids), comp, torch.zeros_like(ids), torch.zeros(1, dtype=torch.float64),
                       torch.zeros(ids.shape), temperature=0.6)
     got = torch.tensor(learner.probe_logprobs(batch)[0], dtype=torch.float64)

@@ -1,6 +1,7 @@
 """The DeepSpeed learner on CPU (gloo), in this process (before any in-process vLLM engine of a later test module,
 which registers process groups of its own): SFT lowers the loss, the split of a batch does not change the update,
-the saved HF folder reproduces the model, checkpoints round-trip."""
+the saved HF folder reproduces the model, checkpoints round-trip. The trained-learner tests run on each backend
+(learner.backend; FSDP2's own: tests/learner/test_fsdp2_on_cpu.py)."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from shop_r1.config import LearnerConfig
 from shop_r1.data.examples import build_sft_examples
 from shop_r1.data.synth import synthesize_sessions
 from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.fsdp2_learner import FSDP2Learner
 from shop_r1.learner.sft_data import pack_micro_batches, tokenize_sft_examples
 
 
@@ -19,9 +21,14 @@ def sequences(tiny_tokenizer):
     return tokenize_sft_examples(examples, tiny_tokenizer, 4096).sequences
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_model_dir, sequences):
-    learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=2), lr=3e-3, total_steps=6)
+def _module(learner):
+    """The whole HF model (FSDP2's root module runs as one)."""
+    return learner.engine.module if isinstance(learner, DeepSpeedLearner) else learner.module
+
+
+@pytest.fixture(scope="module", params=[DeepSpeedLearner, FSDP2Learner], ids=["deepspeed", "fsdp2"])
+def trained(tiny_model_dir, sequences, request):
+    learner = request.param(str(tiny_model_dir), LearnerConfig(zero_stage=2), lr=3e-3, total_steps=6)
     mbs = pack_micro_batches(sequences, 8192)
     n = sum(mb.num_loss_tokens for mb in mbs)
     losses = [learner.sft_step(mbs, n).loss for _ in range(6)]
@@ -85,7 +92,7 @@ def test_save_hf_reproduces_the_trained_model(trained, tmp_path, tiny_model_dir)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     ids = torch.tensor([[5, 17, 42, 99, 3]])
     with torch.no_grad():
-        ours = learner.engine.module(ids).logits
+        ours = _module(learner)(ids).logits
         theirs = saved(ids).logits
         before = base(ids).logits
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
@@ -96,7 +103,7 @@ def test_save_hf_reproduces_the_trained_model(trained, tmp_path, tiny_model_dir)
 def test_checkpoint_round_trip(trained, tmp_path, tiny_model_dir):
     learner, _ = trained
     learner.save_checkpoint(str(tmp_path / "ckpt"), {"epoch": 2, "data_cursor": 17})
-    fresh = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=2), lr=3e-3, total_steps=6)
+    fresh = type(learner)(str(tiny_model_dir), LearnerConfig(zero_stage=2), lr=3e-3, total_steps=6)
     state = fresh.load_checkpoint(str(tmp_path / "ckpt"))
     assert state["epoch"] == 2 and state["data_cursor"] == 17 and fresh.step == learner.step
     for (name, pa), (_, pb) in zip(learner.named_weights(), fresh.named_weights()):
@@ -116,7 +123,7 @@ def test_exact_self_certainty_from_learner_logits(trained):
                       torch.zeros(2), torch.zeros(2, 6))
     got = learner.rationale_self_certainty(batch, "p_to_u")
     with torch.no_grad():
-        logits = learner.engine.module(ids[:1]).logits[0]
+        logits = _module(learner)(ids[:1]).logits[0]
     # rationale tokens 2 and 3 are predicted at positions 1 and 2
     expected = float(kl_to_uniform_logits(logits[1:3], "p_to_u").mean())
     assert got[0] == pytest.approx(expected, rel=1e-4) and got[1] == 0.0
