@@ -36,7 +36,7 @@ from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
-from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
+from shop_r1.types import ACTION_TYPES, GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
 PENDING_ROLLOUT = "pending_rollout.json"
 SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
@@ -92,7 +92,10 @@ def step_advantages(scored: list[ScoredGeneration], cfg: Config) -> GroupAdvanta
     """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
     or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie."""
     tie = None if cfg.rl.self_certainty_breaks_ties else _action_rewards(scored)
-    return group_advantages(_rewards(scored), scale=cfg.rl.scale_rewards, tie_rewards=tie)
+    strata = None
+    if cfg.rl.scale_rewards == "target_type":
+        strata = torch.tensor([ACTION_TYPES.index(s.prompt.target.type) for s in scored])
+    return group_advantages(_rewards(scored), scale=cfg.rl.scale_rewards, tie_rewards=tie, strata=strata)
 
 
 def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int

@@ -4,6 +4,15 @@
         group   std(r_group) + eps               GRPO as the paper, TRL and verl compute it (the default)
         batch   std(all rewards of the step) + eps
         none    1                                Dr. GRPO (Liu et al. 2025): no std, advantages in reward units
+        target_type  std(rewards of the step's groups whose target has this group's action type) + eps
+                                                 batch std within each stratum of target type (click,
+                                                 type_and_submit, terminate): a departure from the paper, see
+                                                 `rl.scale_rewards`
+
+`target_type` exists because Table 1 pays a correct `terminate` 0.3 while a correct click or query pays up to DARS
+(1000): one batch std then leaves terminate groups with advantages ~1e-3 (no signal at all), while their terminate
+samples are still pushed down wherever a sibling in a click/type group succeeds, and the policy stops terminating.
+Per-stratum scaling gives each target type's groups unit-scale advantages, like `batch` does for the DARS-scale types.
 
 std is unbiased (n-1), as TRL and verl compute it. Computed in float64: at DARS-scale totals (~1000) float32's spacing
 (6e-5) is coarser than the differences the self-certainty term makes (alpha * s ~ 1e-3 .. 1e-5), which float32 would
@@ -22,8 +31,8 @@ from typing import Literal
 
 import torch
 
-ScaleRewards = Literal["group", "batch", "none"]
-SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none")
+ScaleRewards = Literal["group", "batch", "none", "target_type"]
+SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "target_type")
 
 
 @dataclass(frozen=True)
@@ -37,11 +46,14 @@ class GroupAdvantages:
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: ScaleRewards = "group",
-                     tie_rewards: torch.Tensor | None = None) -> GroupAdvantages:
+                     tie_rewards: torch.Tensor | None = None,
+                     strata: torch.Tensor | None = None) -> GroupAdvantages:
     """rewards [P, G] (total reward of each sample) -> advantages [P, G].
 
     `tie_rewards` [P, G] (default: `rewards`): a group whose tie rewards are all equal is zero-signal. `batch`
     scales by the std of every reward in `rewards`, zero-signal groups included (they are part of the step's batch).
+    `strata` [P] (integer label per group, needed by `target_type` only): `target_type` scales each group by the std
+    of every reward of the groups sharing its label (a stratum of one group uses that group's std).
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [P, G], got shape {tuple(rewards.shape)}")
@@ -59,6 +71,15 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: ScaleRewar
         adv = centred / (rewards.std(dim=1, keepdim=True) + eps)
     elif scale == "batch":
         adv = centred / (rewards.std() + eps)
+    elif scale == "target_type":
+        if strata is None or strata.shape != (num_prompts,):
+            raise ValueError(f"scale='target_type' needs strata of shape ({num_prompts},), got "
+                             f"{None if strata is None else tuple(strata.shape)}")
+        std = torch.empty(num_prompts, 1, dtype=torch.float64)
+        for label in strata.unique():
+            rows = strata == label
+            std[rows] = rewards[rows].std()
+        adv = centred / (std + eps)
     else:
         adv = centred
     zero_signal = (tie == tie[:, :1]).all(dim=1)

@@ -1,4 +1,4 @@
-"""rl.scale_rewards (group / batch / none) and rl.self_certainty_breaks_ties, with values worked out by hand."""
+"""rl.scale_rewards (group / batch / none / target_type) and rl.self_certainty_breaks_ties, with values worked out by hand."""
 
 import math
 
@@ -126,3 +126,50 @@ def test_scale_rewards_setting_reaches_the_advantages():
     # totals 0.835, 0.535, 1001.035: mean 334.135 -> centred (-333.3, -333.6, 666.9)
     torch.testing.assert_close(adv.advantages[0], torch.tensor([-333.3, -333.6, 666.9], dtype=torch.float64),
                                atol=1e-9, rtol=0)
+
+
+# ------------------------------------------------------------------------------ target_type: batch std per stratum
+
+def test_target_type_scaling_divides_by_each_strata_std():
+    # strata: groups 0 and 2 share label 0, group 1 is label 1 alone.
+    # label 0: rewards [0, 4] and [0, 2]: mean 1.5, deviations (-1.5, 2.5, -1.5, 0.5), squares 2.25 + 6.25 + 2.25 +
+    # 0.25 = 11, unbiased variance 11 / 3 -> std sqrt(11/3); centred (-2, 2) and (-1, 1).
+    # label 1: [0, 6] alone: std 3 sqrt 2 (the group's own), centred (-3, 3) -> (-1/sqrt 2, 1/sqrt 2).
+    rewards = torch.tensor([[0.0, 4.0], [0.0, 6.0], [0.0, 2.0]])
+    out = group_advantages(rewards, eps=0.0, scale="target_type", strata=torch.tensor([0, 1, 0]))
+    s0, h = math.sqrt(11 / 3), 1 / math.sqrt(2)
+    torch.testing.assert_close(out.advantages, torch.tensor([[-2 / s0, 2 / s0], [-h, h], [-1 / s0, 1 / s0]],
+                                                            dtype=torch.float64))
+
+
+def test_target_type_with_one_stratum_is_batch_scaling():
+    rewards = torch.tensor([[0.0, 4.0], [0.0, 6.0], [1.0, 1.5]])
+    torch.testing.assert_close(
+        group_advantages(rewards, scale="target_type", strata=torch.tensor([2, 2, 2])).advantages,
+        group_advantages(rewards, scale="batch").advantages)
+
+
+def test_target_type_needs_strata_of_one_label_per_group():
+    with pytest.raises(ValueError, match="needs strata"):
+        group_advantages(REWARDS, scale="target_type")
+    with pytest.raises(ValueError, match="needs strata"):
+        group_advantages(REWARDS, scale="target_type", strata=torch.tensor([0, 1, 2]))
+
+
+def test_target_type_gives_terminate_groups_a_voice_beside_dars_successes():
+    # MIXED's target is terminate in _group; a click group with an exact hit sits beside it. With one batch std the
+    # terminate group's 0.3 difference is ~1e-3 of the std; per stratum it is a unit-scale advantage.
+    click = ScoredGeneration(Prompt("c", (1, 2), Action("click", "buy_now")), Generation(0, (1, 2), (), 100),
+                             (_reward((0.5, 0.3, 0.2, 1000.0), 7.0), _reward((0.5, 0.0, 0.0, 0.0), 7.0)))
+    term = _group([_reward(TERMINATE, 7.0), _reward((0.5, 0.0, 0.0, 0.0), 7.0)])
+    cfg = _cfg(breaks_ties=False)
+    cfg.rl.scale_rewards = "batch"
+    batch = step_advantages([click, term], cfg).advantages
+    cfg.rl.scale_rewards = "target_type"
+    strat = step_advantages([click, term], cfg).advantages
+    assert abs(float(batch[1, 0])) < 1e-3
+    # terminate stratum alone: totals 0.835, 0.535 -> centred (0.15, -0.15), std 0.3 / sqrt 2 -> (1/sqrt 2, -1/sqrt 2)
+    torch.testing.assert_close(strat[1], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)], dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(strat[0], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)], dtype=torch.float64),
+                               atol=1e-5, rtol=0)
