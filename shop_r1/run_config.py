@@ -15,6 +15,7 @@ change leaves the experiment as it was — how long it runs, how often it saves 
 resources and timeouts it gets, what the evaluations read:
 
     run_dir, storage_uri, logging.*, ray.*, eval.*,
+    weight_sync.* (how the weights travel, not which weights: the engines receive the same tensors),
     rl.steps (GRPO's learning rate has no schedule over rl.steps; if it gets one, take rl.steps off the list),
     rl.checkpoint_every, rl.keep_checkpoints, rl.max_restarts, rl.max_nonfinite_steps, rl.weight_sync_bucket_mb,
     rl.check_weight_sync, rl.val_every, rl.val_examples,
@@ -56,7 +57,7 @@ ABSENT = "<absent>"
 """Stands for a key one of the two configs does not have (a field added or removed since the run started)."""
 
 HARMLESS: tuple[str, ...] = (
-    "run_dir", "storage_uri", "logging.", "ray.", "eval.", "reward_pool.",
+    "run_dir", "storage_uri", "logging.", "ray.", "eval.", "reward_pool.", "weight_sync.",
     "rl.steps", "rl.checkpoint_every", "rl.keep_checkpoints", "rl.max_restarts", "rl.max_nonfinite_steps",
     "rl.weight_sync_bucket_mb", "rl.check_weight_sync", "rl.val_every", "rl.val_examples",
     "sft.checkpoint_every", "sft.keep_checkpoints", "sft.max_restarts", "sft.max_nonfinite_steps",

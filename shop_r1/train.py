@@ -29,7 +29,7 @@ from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
-from shop_r1.distributed.sync_group import make_weight_sync, sync_backend
+from shop_r1.distributed.sync_group import weight_sync_from_config
 from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
@@ -303,10 +303,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
         pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
         learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps, cfg.seed, local=local,
                                 reference_path=policy_path, learner_cls=learner_cls)
-        backend = sync_backend(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_engine)
-        sync: WeightSync = make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, backend)
-        if not local:
-            print(f"  weight sync: bucketed {backend} broadcast from learner rank 0 to the engines", flush=True)
+        sync: WeightSync = weight_sync_from_config(cfg, learners, engines, local)
         threads = {"threads/engine_min": min(engines.num_threads()),
                    "threads/learner_min": min(learners.num_threads())}
         print(f"  threads (torch.get_num_threads): engines {threads['threads/engine_min']}, learner ranks "

@@ -82,7 +82,8 @@ def test_keys_that_change_the_experiment(key):
                                  "logging.wandb", "ray.num_cpus", "run_dir", "storage_uri", "eval.max_examples",
                                  "reward_pool.num_workers", "reward_pool.timeout_s", "rollout.num_engines",
                                  "rollout.num_cpus_per_engine", "rollout.generate_timeout_s",
-                                 "learner.num_cpus_per_rank", "learner.max_tokens_per_micro_batch"])
+                                 "learner.num_cpus_per_rank", "learner.max_tokens_per_micro_batch",
+                                 "weight_sync.transport"])
 def test_keys_that_do_not(key):
     assert not changes_experiment(key, 1, 2)
 

@@ -1,5 +1,6 @@
 """Weight-sync orchestration between the learner group and the engine group (the transports are swappable, chosen
-once by `make_weight_sync`; the wire itself, sender and receiver, is shop_r1/weight_sync/broadcast.py).
+once by `make_weight_sync` from `weight_sync.transport`; the wire itself, sender and receiver, is
+shop_r1/weight_sync/broadcast.py).
 
 - `BroadcastSync` (Ray): learner rank 0 and every engine form a dedicated process group once; each push is one
   bucketed broadcast (NCCL where every party holds whole GPUs, gloo otherwise: `sync_backend`), all ranks of the
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import time
 
+from shop_r1.config import TRANSPORTS, Config, ConfigError
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import ActorTimeout, get, is_actor_death, kill, wait_all
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
@@ -192,34 +194,40 @@ def sync_backend(gpus_per_learner_rank: float, gpus_per_engine: float) -> str:
     return "nccl" if gpus_per_learner_rank >= 1 and gpus_per_engine >= 1 else "gloo"
 
 
-TRANSPORTS = ("auto", "nccl", "gloo", "direct")
-"""The weight-sync transports a run may name: "nccl" or "gloo" (BroadcastSync's group on that backend), "direct"
-(DirectSync: ray.local_mode only), "auto" (DirectSync in ray.local_mode, else BroadcastSync on `sync_backend`'s
-choice from the placement)."""
-
-
 def choose_transport(transport: str, local: bool, backend: str) -> str:
-    """"direct", "nccl" or "gloo": `transport` (one of TRANSPORTS) for this run; `backend` is `sync_backend`'s choice,
-    which "auto" takes outside local mode. A transport that cannot run here is refused, naming it: DirectSync hands
-    rank 0's tensors over in one process (across processes a ZeRO-3 gather needs every rank), and a broadcast group
-    needs processes of its own."""
+    """"direct", "nccl" or "gloo": `transport` (weight_sync.transport, one of config.TRANSPORTS: "nccl" or "gloo",
+    BroadcastSync's group on that backend; "direct", DirectSync; "auto", DirectSync in local mode, else `backend`,
+    `sync_backend`'s choice from the placement) for this run. A transport that cannot run here is a ConfigError
+    naming the key: DirectSync hands rank 0's tensors over in one process (across processes a ZeRO-3 gather needs
+    every rank), and a broadcast group needs processes of its own. Checked here, not when the config loads: whether
+    the run is local is the caller's to say (`run_grpo`'s `local`)."""
     if transport == "auto":
         return "direct" if local else backend
     if transport not in TRANSPORTS:
-        raise ValueError(f"weight-sync transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
+        raise ConfigError(f"weight_sync.transport={transport!r}: expected one of {', '.join(TRANSPORTS)}")
     if transport == "direct" and not local:
-        raise ValueError("weight-sync transport 'direct' runs only with ray.local_mode=true (one process holds the "
-                         "learner and the engines); use auto, nccl or gloo")
+        raise ConfigError("weight_sync.transport='direct' runs only with ray.local_mode=true (one process holds the "
+                          "learner and the engines); use auto, nccl or gloo")
     if transport != "direct" and local:
-        raise ValueError(f"weight-sync transport {transport!r} forms a process group of Ray actors, and "
-                         "ray.local_mode=true has none; use auto or direct")
+        raise ConfigError(f"weight_sync.transport={transport!r} forms a process group of Ray actors, and "
+                          "ray.local_mode=true has none; use auto or direct")
     return transport
 
 
 def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str,
                      transport: str = "auto") -> WeightSync:
-    """The run's weight sync, the transport chosen here once (`choose_transport`; "auto": today's default)."""
+    """The run's weight sync, the transport chosen here once (`choose_transport`), and said on the console."""
     chosen = choose_transport(transport, local, backend)
     if chosen == "direct":
         return DirectSync(learners, engines)
-    return BroadcastSync(learners, engines, bucket_bytes, backend=chosen)
+    sync = BroadcastSync(learners, engines, bucket_bytes, backend=chosen)
+    print(f"  weight sync: bucketed {chosen} broadcast from learner rank 0 to the engines", flush=True)
+    return sync
+
+
+def weight_sync_from_config(cfg: Config, learners: LearnerGroup, engines: EngineGroup, local: bool) -> WeightSync:
+    """The GRPO driver's weight sync: weight_sync.transport, rl.weight_sync_bucket_mb, and the backend the actors'
+    placement allows (`sync_backend`: learner.num_gpus_per_rank, rollout.num_gpus_per_engine), which "auto" takes."""
+    backend = sync_backend(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_engine)
+    return make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, backend,
+                            cfg.weight_sync.transport)
