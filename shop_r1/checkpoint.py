@@ -1,8 +1,9 @@
 """Resumable GRPO checkpoints, written durably and atomically, one timeline at a time.
 
-    <run>/checkpoints/step_000010/   DeepSpeed state (weights + optimizer) and state.json (step, data cursor, RNG,
-                                     resolved config); with rl.async_level=1 also pending_rollout.json (the rollout
-                                     already made for the next step)
+    <run>/checkpoints/step_000010/   deepspeed/ (LEARNER_DIR: the learner's weights + optimizer, either backend's)
+                                     and state.json (step, data cursor, RNG, resolved config); with
+                                     rl.async_level=1 also pending_rollout.json (the rollout already made for the
+                                     next step)
     <run>/checkpoints/latest         the name of the newest complete checkpoint
     <run>/checkpoints/abandoned/001_resumed_from_step_000010/
                                      checkpoints past the step a run resumed from (moved there, never deleted)
@@ -34,6 +35,11 @@ import numpy as np
 import torch
 
 from shop_r1.atomic import fsync_path, publish_atomically, write_atomic
+
+LEARNER_DIR = "deepspeed"
+"""The checkpoint's subfolder of learner state (weights, optimizer), whichever `learner.backend` wrote it (FSDP2's
+too). Named when DeepSpeed was the only backend and kept: runs on disk resume from `step_N/deepspeed`, and a rename
+would leave them unresumable."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learn
          extra: dict[str, bytes] | None = None) -> Path:
     """Write `root/step_N` (N = state.step) and point `latest` at it; returns the folder.
 
-    `save_learner(folder)` writes the learner's state (DeepSpeed's save_checkpoint) into `folder`, which it creates.
+    `save_learner(folder)` writes the learner's state (its backend's save_checkpoint) into `folder`, which it creates.
     `extra`: more files of the driver's state (e.g. the rollout already made for the next step), by name.
     Any exception while writing or publishing is a failed save (an OSError from a full disk; torch.save's zip writer
     raises a RuntimeError that carries no errno instead): the `.tmp` copy is removed (it may be what filled the disk),
@@ -91,7 +97,7 @@ def save(root: str | Path, state: TrainState, config: dict[str, Any], save_learn
         _make_dir(root)
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed save of this step
         tmp.mkdir()
-        save_learner(str(tmp / "deepspeed"))
+        save_learner(str(tmp / LEARNER_DIR))
         for name, data in (extra or {}).items():
             (tmp / name).write_bytes(data)
         (tmp / "state.json").write_text(json.dumps(_jsonable({**state.__dict__, "config": config})))

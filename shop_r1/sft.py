@@ -129,7 +129,7 @@ def _resume(ckpt_root: Path, group: LearnerGroup) -> int:
     if found is None:
         return 0
     state = checkpoint.load_state(found)
-    group.load_checkpoint(str(found / "deepspeed"))
+    group.load_checkpoint(str(found / checkpoint.LEARNER_DIR))
     checkpoint.restore_rng(state.rng)
     moved = checkpoint.abandon_later_checkpoints(ckpt_root, state.step)
     print(f"SFT resumed from {found} (step {state.step})" +

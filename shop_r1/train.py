@@ -397,7 +397,7 @@ def _resume(ckpt_root: Path, learners: Learners, sampler: PromptSampler) -> tupl
     if found is None:
         return 0, None
     state = checkpoint.load_state(found)
-    learners.load_checkpoint(str(found / "deepspeed"))
+    learners.load_checkpoint(str(found / checkpoint.LEARNER_DIR))
     checkpoint.restore_rng(state.rng)
     sampler.cursor = Cursor(state.cursor_epoch, state.cursor_position)
     moved = checkpoint.abandon_later_checkpoints(ckpt_root, state.step)

@@ -1,8 +1,10 @@
-"""K DeepSpeed learner ranks as Ray actors in one placement group (PACK: ranks share nodes where they fit).
+"""K learner ranks (`learner.backend`: DeepSpeed or FSDP2) as Ray actors in one placement group (PACK: ranks share
+nodes where they fit).
 
 A rendezvous actor in bundle 0 (rank 0's node) opens the group's TCPStore on a port the OS picks while binding and
 holds it for the group's lifetime; every rank starts with MASTER_ADDR / MASTER_PORT naming it and joins as a client
-(gloo on CPU, NCCL on GPU). Every call fans out to all ranks: DeepSpeed's collectives need every rank to enter.
+(gloo on CPU, NCCL on GPU). Every call fans out to all ranks: ZeRO's and FSDP2's collectives need every rank to
+enter.
 
 Every wait is bounded (shop_r1/distributed/deadlines.py): the group's start (placement, then every rank's start), a
 call that runs the model by the batch's tokens per rank (learner.step_timeout_s), a checkpoint by the model's bytes
@@ -57,7 +59,8 @@ class LearnerGroup:
         self._checkpoint_s = deadlines.checkpoint_timeout_s(size, cfg.checkpoint_timeout_s)
         self._checkpoint_key = deadlines.explain("learner.checkpoint_timeout_s", cfg.checkpoint_timeout_s)
         self.start_timeout_s = deadlines.start_timeout_s(size, copies=1 if reference_path is None else 2)
-        """A rank's start: DeepSpeed's init with the policy (and the reference) loaded."""
+        """A rank's start: the backend's init (DeepSpeed engine or FSDP2 sharding) with the policy (and the
+        reference) loaded."""
         if local:
             if cfg.num_ranks != 1:
                 raise ValueError(f"learner.num_ranks={cfg.num_ranks}: local mode runs one rank in-process")

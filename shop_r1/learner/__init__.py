@@ -1,1 +1,2 @@
-"""The learner: DeepSpeed ranks that train the policy (SFT now; GRPO with a reference policy next)."""
+"""The learner: the ranks that train the policy (SFT, and GRPO with a frozen reference), on DeepSpeed ZeRO or torch
+FSDP2 (`learner.backend`); the steps are written once against the backend seam (backend.py)."""

@@ -1,12 +1,13 @@
-"""The training-backend seam, per rank: what a framework (DeepSpeed today) provides to the steps written once
-against it (shop_r1/learner/grpo_step.py; the forward math in shop_r1/learner/forward.py).
+"""The training-backend seam, per rank: what a framework (DeepSpeed ZeRO, torch FSDP2) provides to the steps written
+once against it (shop_r1/learner/grpo_step.py, sft_step.py; the forward math in shop_r1/learner/forward.py).
 
 A backend holds only its framework's concerns: building the trained module and the frozen reference, backward,
 the optimizer step, all-reduce, the micro-batch boundary, save/load. A second backend is one new class with these
-members; a loss variant never edits one. `shop_r1.learner.protocol.Learner` is the actor-level seam the learner
-group calls (its GRPO methods delegate to grpo_step.py).
+members (deepspeed_learner.py, fsdp2_learner.py); a loss variant never edits one. What every backend builds the same
+way is shared: the process group and all-reduce (process_group.py), rank 0's weight-sync sender (weight_sender.py),
+and the helpers below. `shop_r1.learner.protocol.Learner` is the actor-level seam the learner group calls (its step
+methods delegate to grpo_step.py and sft_step.py).
 """
-
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from shop_r1.algo.lr_schedule import lr_multiplier
 from shop_r1.config import LearnerConfig
 
 
@@ -37,11 +39,13 @@ class TrainingBackend(Protocol):
     world_size: int
     reference: Any
     """The frozen reference policy (an HF causal LM, no gradient) for the KL term, or None."""
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    """The LR schedule (`lr_scheduler` below); `get_last_lr()[0]` is the rate the next optimizer step applies."""
 
     @property
     def policy(self) -> Any:
-        """The trained HF causal LM (`.model` and `.lm_head` run the forward); under ZeRO-3 partitioned, so every
-        rank must make the same forwards."""
+        """The trained HF causal LM (`.model` and `.lm_head` run the forward); partitioned under ZeRO-3 and FSDP2,
+        so every rank must make the same forwards."""
 
     @property
     def device(self) -> torch.device: ...
@@ -66,6 +70,33 @@ class TrainingBackend(Protocol):
     def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> None: ...
 
     def load_checkpoint(self, ckpt_dir: str) -> dict: ...
+
+
+# ----------------------------------------------------------------------------- shared by every backend's __init__
+
+
+def computes_in_bf16(cfg: LearnerConfig, on_gpu: bool) -> bool:
+    """learner.dtype: bfloat16, or `auto` on a GPU; else float32."""
+    return cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and on_gpu)
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
+                 lr_schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warmup_steps`, then constant (the paper states no decay) or cosine (sft.lr_schedule)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(step, total_steps, warmup_steps, lr_schedule))
+
+
+def reference_policy(reference_path: str | None, bf16: bool, device: torch.device) -> Any:
+    """The frozen reference policy for the KL term: a plain module, replicated on every rank (None without a path)."""
+    if reference_path is None:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.bfloat16 if bf16 else torch.float32)
+    reference = reference.to(device)
+    reference.eval().requires_grad_(False)
+    return reference
 
 
 # ------------------------------------------------------------------------------ shared by every backend's save_hf

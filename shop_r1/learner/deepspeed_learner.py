@@ -1,11 +1,11 @@
-"""One DeepSpeed rank: the training backend (shop_r1/learner/backend.py) for the policy under ZeRO 0-3, and the
-learner actor the group calls. The GRPO step and its forwards are algorithm code (shop_r1/learner/grpo_step.py,
-forward.py); this module holds the DeepSpeed concerns: init, backward, optimizer step, all-reduce, save/load.
+"""One DeepSpeed rank (`learner.backend=deepspeed`): the training backend (shop_r1/learner/backend.py) for the policy
+under ZeRO 0-3, and the learner actor the group calls. The steps and their forwards are algorithm code shared with
+the FSDP2 backend (shop_r1/learner/grpo_step.py, sft_step.py, forward.py), as are the process group and all-reduce
+(process_group.py) and the weight-sync sender (weight_sender.py); this module holds the DeepSpeed concerns: the
+engine, backward, optimizer step, ZeRO-3 gathers, save/load.
 
-Distributed setup: MASTER_ADDR / MASTER_PORT name the rendezvous store the Ray learner group holds (its port picked
-by the OS at bind time); run alone, a learner forms a one-rank group on 127.0.0.1 with its own store. The optimizer
-is `torch.optim.AdamW` (with `zero_allow_untested_optimizer`), so nothing is JIT-compiled but DeepSpeed's own shm
-communication op on CPU (built once into TORCH_EXTENSIONS_DIR).
+The optimizer is `torch.optim.AdamW` (with `zero_allow_untested_optimizer`), so nothing is JIT-compiled but
+DeepSpeed's own shm communication op on CPU (built once into TORCH_EXTENSIONS_DIR).
 
 DeepSpeed averages gradients over data-parallel ranks; `backward` multiplies each rank's loss by world_size to undo
 that, so the steps' losses (shares of the global batch's loss) sum over ranks as the protocol says.
@@ -15,46 +15,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 from typing import Any, Literal
 
 import torch
 
 from shop_r1.algo.batch import GRPOBatch
-from shop_r1.algo.lr_schedule import lr_multiplier
 from shop_r1.config import LearnerConfig, LossConfig
-from shop_r1.learner.backend import OptimizerStep, save_hf_folder
-from shop_r1.learner.forward import Forward
+from shop_r1.learner import process_group
+from shop_r1.learner.backend import OptimizerStep, computes_in_bf16, lr_scheduler, reference_policy, save_hf_folder
 from shop_r1.learner.grpo_step import grpo_update, probe_logprobs, rationale_self_certainty
 from shop_r1.learner.sft_data import MicroBatch
+from shop_r1.learner.sft_step import eval_loss, sft_update
+from shop_r1.learner.weight_sender import LearnerSender
 from shop_r1.types import GRPOStepStats, SFTStepStats
-
-RENDEZVOUS_TIMEOUT_S = 600.0
-
-
-def _init_process_group(rank: int, world_size: int, backend: str) -> Any:
-    """Join the learners' torch.distributed group through a TCPStore whose port the OS picked while binding.
-
-    In a Ray learner group the store is held by a rendezvous actor (shop_r1/distributed/learner_group.py) whose
-    address and port arrive as MASTER_ADDR / MASTER_PORT; every rank connects to it as a client. A standalone learner
-    (tests, local mode) opens its own store on port 0. A port picked in advance (bind to 0, close, pass it on) can be
-    taken by another process before anyone listens on it. DeepSpeed's init_distributed then finds the group made.
-    """
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # by this process before (another learner, or vLLM's own one-rank group)
-        os.environ.setdefault("LOCAL_RANK", "0")
-        return None
-    addr = os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
-    if world_size == 1 and "MASTER_PORT" not in os.environ:
-        store = dist.TCPStore(addr, 0, 1, True, timeout=timeout, wait_for_workers=False)
-    else:
-        store = dist.TCPStore(addr, int(os.environ["MASTER_PORT"]), world_size, False, timeout=timeout)
-    os.environ.update(MASTER_PORT=str(store.port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    os.environ.setdefault("LOCAL_RANK", "0")
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    return store
 
 
 def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
@@ -84,33 +57,26 @@ class DeepSpeedLearner:
                  lr_schedule: str = "constant") -> None:
         self.on_gpu = torch.cuda.is_available()
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.on_gpu else "cpu")
-        self._rendezvous_store = _init_process_group(rank, world_size, "nccl" if self.on_gpu else "gloo")
+        self._rendezvous_store = process_group.init_process_group(rank, world_size, "nccl" if self.on_gpu else "gloo")
         import deepspeed
         from transformers import AutoModelForCausalLM
 
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         torch.manual_seed(seed)
         self.rank, self.world_size, self.model_path, self.cfg = rank, world_size, str(model_path), cfg
-        bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.on_gpu)
+        bf16 = computes_in_bf16(cfg, self.on_gpu)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-        # Linear warmup over `warmup_steps`, then constant (the paper states no decay) or cosine (sft.lr_schedule).
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_multiplier(step, total_steps, warmup_steps, lr_schedule))
+        schedule = lr_scheduler(optimizer, total_steps, warmup_steps, lr_schedule)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=schedule, config=deepspeed_config(cfg, bf16))
         self.total_steps = total_steps
         self.step = 0
-        self.reference = None
-        if reference_path is not None:
-            # The frozen reference policy for the KL term: a plain module, replicated on every rank.
-            ref_dtype = torch.bfloat16 if bf16 else torch.float32
-            self.reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=ref_dtype).to(self.device)
-            self.reference.eval().requires_grad_(False)
-        self._sender = None
+        self.reference = reference_policy(reference_path, bf16, self.device)
+        self._weights_out = LearnerSender(rank)
 
     @property
     def device(self) -> torch.device:
@@ -120,7 +86,7 @@ class DeepSpeedLearner:
     def policy(self) -> Any:
         return self.engine.module
 
-    # ------------------------------------------------------------------- the steps (shop_r1/learner/grpo_step.py)
+    # ---------------------------------------------------- the steps (shop_r1/learner/grpo_step.py, sft_step.py)
 
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> GRPOStepStats:
         """One GRPO update on this rank's share of the batch (any size, even empty); figures over the global batch."""
@@ -136,38 +102,13 @@ class DeepSpeedLearner:
         return probe_logprobs(self, batch)
 
     def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
-        """One optimizer step: every micro-batch contributes sum(token losses) / num_loss_tokens_global, so the
-        accumulated gradient over micro-batches and ranks is the token mean of the global batch."""
-        if num_loss_tokens_global <= 0:
-            raise ValueError("sft_step: the global batch has no assistant tokens to learn from")
-        losses = []
-        batches = list(micro_batches) or [self._empty_batch()]  # an idle rank still joins the collectives
-        for mb in batches:
-            self.begin_micro_batch()
-            loss = self._token_loss_sum(mb) / num_loss_tokens_global
-            self.backward(loss)
-            losses.append(float(loss.detach()))
-        lr = self.scheduler.get_last_lr()[0]
-        done = self.optimizer_step(losses)
+        """One optimizer step; the loss is the global batch's token mean (shop_r1/learner/sft_step.py)."""
+        stats = sft_update(self, micro_batches, num_loss_tokens_global, step=self.step + 1)
         self.step += 1
-        num_tokens = sum(mb.num_loss_tokens for mb in micro_batches)
-        if done.nonfinite:  # skipped: nothing non-finite reaches the logs (the cause says what was)
-            return SFTStepStats(loss=0.0, num_tokens=num_tokens, grad_norm=0.0, lr=lr, step=self.step,
-                                nonfinite=done.nonfinite)
-        return SFTStepStats(loss=sum(losses), num_tokens=num_tokens, grad_norm=done.grad_norm, lr=lr, step=self.step)
+        return stats
 
-    @torch.no_grad()
     def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float:
-        total = sum(float(self._token_loss_sum(mb)) for mb in micro_batches)
-        tokens = sum(mb.num_loss_tokens for mb in micro_batches)
-        return total / max(tokens, 1)
-
-    def _token_loss_sum(self, mb: MicroBatch) -> torch.Tensor:
-        return -Forward(self.device).target_logprobs(self.policy, mb.input_ids, mb.attention_mask, mb.loss_mask).sum()
-
-    def _empty_batch(self) -> MicroBatch:
-        one = torch.zeros((1, 2), dtype=torch.long)
-        return MicroBatch(one, torch.ones_like(one), torch.zeros_like(one), 0)
+        return eval_loss(self, micro_batches)
 
     # ---------------------------------------------------------------- the backend (shop_r1/learner/backend.py)
 
@@ -188,14 +129,7 @@ class DeepSpeedLearner:
         self.engine.backward(loss * self.world_size)
 
     def all_reduce(self, values: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
-        """Sum (or max) a small CPU float64 vector over the learner ranks (a no-op on one rank)."""
-        if self.world_size == 1:
-            return values
-        import torch.distributed as dist
-
-        buf = values.to(self.device)
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-        return buf.cpu()
+        return process_group.all_reduce(values, op, self.world_size, self.device)
 
     def optimizer_step(self, losses: Sequence[float]) -> OptimizerStep:
         """engine.step(), with this step's global gradient norm (before clipping) -- or, when a loss of this step (on
@@ -236,22 +170,10 @@ class DeepSpeedLearner:
                               for n, p in self.engine.module.named_parameters()), bucket_bytes)
 
     def open_weight_sync_store(self, timeout_s: float = 600.0) -> tuple[str, int]:
-        """Rank 0 opens the sync group's store on a port the OS picks; returns (this node's address, the port)."""
-        from shop_r1.weight_sync.broadcast import open_master_store
-
-        if self.rank != 0:
-            raise RuntimeError("the weight-sync store lives on learner rank 0")
-        import ray
-
-        addr = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        self._sync_store = open_master_store(addr, timeout_s)
-        return addr, self._sync_store.port
+        return self._weights_out.open_store(timeout_s)
 
     def init_weight_sender(self, spec: Any) -> None:
-        from shop_r1.weight_sync.broadcast import WeightSender
-
-        if self.rank == 0:
-            self._sender = WeightSender(spec, self.device, store=getattr(self, "_sync_store", None))
+        self._weights_out.connect(spec, self.device)
 
     def broadcast_weights(self, manifest: Any) -> int:
         """Every rank must call: under ZeRO-3 the parameters of one bucket are gathered together (one gather per
@@ -264,8 +186,7 @@ class DeepSpeedLearner:
         for bucket in manifest.buckets:
             group = [(m.name, params[m.name]) for m in bucket]
             with deepspeed.zero.GatheredParameters([p for _, p in group], enabled=self.cfg.zero_stage == 3):
-                if self.rank == 0:
-                    sent += self._sender.send_bucket(bucket, group)
+                sent += self._weights_out.send_bucket(bucket, group)
         return sent
 
     def nonfinite_weights(self) -> list[str]:

@@ -1,7 +1,8 @@
 """One FSDP2 rank (`learner.backend=fsdp2`): the training backend (shop_r1/learner/backend.py) with torch's own
-`fully_shard`, and the learner actor the group calls. The GRPO step and its forwards are algorithm code shared with
-the DeepSpeed backend (shop_r1/learner/grpo_step.py, forward.py); this module holds the FSDP2 concerns: sharding,
-backward, optimizer step, all-reduce, gathers, save/load. Process group as DeepSpeed's (`_init_process_group`).
+`fully_shard`, and the learner actor the group calls. The steps and their forwards are algorithm code shared with
+the DeepSpeed backend (shop_r1/learner/grpo_step.py, sft_step.py, forward.py), as are the process group and
+all-reduce (process_group.py) and the weight-sync sender (weight_sender.py); this module holds the FSDP2 concerns:
+sharding, backward, optimizer step, gathers, save/load.
 
 Sharding: each decoder layer is one FSDP unit; the embeddings, final norm and LM head are the root's (tied embeddings
 need the LM head and the embeddings in one unit). The forward math calls `policy.model(...)`, then `policy.lm_head`
@@ -38,13 +39,13 @@ from typing import Any, Literal
 import torch
 
 from shop_r1.algo.batch import GRPOBatch
-from shop_r1.algo.lr_schedule import lr_multiplier
 from shop_r1.config import LearnerConfig, LossConfig
-from shop_r1.learner.backend import OptimizerStep, save_hf_folder
-from shop_r1.learner.deepspeed_learner import _init_process_group
-from shop_r1.learner.forward import Forward
+from shop_r1.learner import process_group
+from shop_r1.learner.backend import OptimizerStep, computes_in_bf16, lr_scheduler, reference_policy, save_hf_folder
 from shop_r1.learner.grpo_step import grpo_update, probe_logprobs, rationale_self_certainty
 from shop_r1.learner.sft_data import MicroBatch
+from shop_r1.learner.sft_step import eval_loss, sft_update
+from shop_r1.learner.weight_sender import LearnerSender
 from shop_r1.types import GRPOStepStats, SFTStepStats
 
 STATE_FILE = "fsdp2_learner_state.json"
@@ -82,10 +83,10 @@ class FSDP2Learner:
             else torch.device("cpu")
         if self.on_gpu:
             torch.cuda.set_device(self._device)
-        self._rendezvous_store = _init_process_group(rank, world_size, "nccl" if self.on_gpu else "gloo")
+        self._rendezvous_store = process_group.init_process_group(rank, world_size, "nccl" if self.on_gpu else "gloo")
         torch.manual_seed(seed)
         self.rank, self.world_size, self.model_path, self.cfg = rank, world_size, str(model_path), cfg
-        self.bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and self.on_gpu)
+        self.bf16 = computes_in_bf16(cfg, self.on_gpu)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -104,18 +105,11 @@ class FSDP2Learner:
         register_fsdp_forward_method(model, "shop_r1_transformer")
         self.module = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-        # Linear warmup over `warmup_steps`, then constant (the paper states no decay) or cosine (sft.lr_schedule).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_multiplier(step, total_steps, warmup_steps, lr_schedule))
+        self.scheduler = lr_scheduler(self.optimizer, total_steps, warmup_steps, lr_schedule)
         self.total_steps = total_steps
         self.step = 0
-        self.reference = None
-        if reference_path is not None:
-            # The frozen reference policy for the KL term: a plain module, replicated on every rank.
-            ref_dtype = torch.bfloat16 if self.bf16 else torch.float32
-            self.reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=ref_dtype).to(self.device)
-            self.reference.eval().requires_grad_(False)
-        self._sender = None
+        self.reference = reference_policy(reference_path, self.bf16, self.device)
+        self._weights_out = LearnerSender(rank)
 
     @property
     def device(self) -> torch.device:
@@ -131,7 +125,7 @@ class FSDP2Learner:
         for unit in self._units:
             unit.reshard()
 
-    # ------------------------------------------------------------------- the steps (shop_r1/learner/grpo_step.py)
+    # ---------------------------------------------------- the steps (shop_r1/learner/grpo_step.py, sft_step.py)
 
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> GRPOStepStats:
         """One GRPO update on this rank's share of the batch (any size, even empty); figures over the global batch."""
@@ -151,39 +145,16 @@ class FSDP2Learner:
         return values
 
     def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
-        """One optimizer step: every micro-batch contributes sum(token losses) / num_loss_tokens_global, so the
-        accumulated gradient over micro-batches and ranks is the token mean of the global batch."""
-        if num_loss_tokens_global <= 0:
-            raise ValueError("sft_step: the global batch has no assistant tokens to learn from")
-        losses = []
-        batches = list(micro_batches) or [self._empty_batch()]  # an idle rank still joins the collectives
-        for mb in batches:
-            self.begin_micro_batch()
-            loss = self._token_loss_sum(mb) / num_loss_tokens_global
-            self.backward(loss)
-            losses.append(float(loss.detach()))
-        lr = self.scheduler.get_last_lr()[0]
-        done = self.optimizer_step(losses)
+        """One optimizer step; the loss is the global batch's token mean (shop_r1/learner/sft_step.py)."""
+        stats = sft_update(self, micro_batches, num_loss_tokens_global, step=self.step + 1)
         self.step += 1
-        num_tokens = sum(mb.num_loss_tokens for mb in micro_batches)
-        if done.nonfinite:  # skipped: nothing non-finite reaches the logs (the cause says what was)
-            return SFTStepStats(loss=0.0, num_tokens=num_tokens, grad_norm=0.0, lr=lr, step=self.step,
-                                nonfinite=done.nonfinite)
-        return SFTStepStats(loss=sum(losses), num_tokens=num_tokens, grad_norm=done.grad_norm, lr=lr, step=self.step)
+        return stats
 
     @torch.no_grad()
     def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float:
-        total = sum(float(self._token_loss_sum(mb)) for mb in micro_batches)
-        tokens = sum(mb.num_loss_tokens for mb in micro_batches)
+        loss = eval_loss(self, micro_batches)
         self._reshard()
-        return total / max(tokens, 1)
-
-    def _token_loss_sum(self, mb: MicroBatch) -> torch.Tensor:
-        return -Forward(self.device).target_logprobs(self.policy, mb.input_ids, mb.attention_mask, mb.loss_mask).sum()
-
-    def _empty_batch(self) -> MicroBatch:
-        one = torch.zeros((1, 2), dtype=torch.long)
-        return MicroBatch(one, torch.ones_like(one), torch.zeros_like(one), 0)
+        return loss
 
     # ---------------------------------------------------------------- the backend (shop_r1/learner/backend.py)
 
@@ -194,14 +165,7 @@ class FSDP2Learner:
         loss.backward()  # summed over ranks by the reduce-scatter (divide factor 1, module docstring)
 
     def all_reduce(self, values: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
-        """Sum (or max) a small CPU float64 vector over the learner ranks (a no-op on one rank)."""
-        if self.world_size == 1:
-            return values
-        import torch.distributed as dist
-
-        buf = values.to(self.device)
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-        return buf.cpu()
+        return process_group.all_reduce(values, op, self.world_size, self.device)
 
     def optimizer_step(self, losses: Sequence[float]) -> OptimizerStep:
         """Clip to learner.grad_clip and step, with this step's global gradient norm (before clipping) -- or, when a
@@ -235,22 +199,10 @@ class FSDP2Learner:
         return make_manifest(((n, tuple(p.shape), dtype) for n, p in self.module.named_parameters()), bucket_bytes)
 
     def open_weight_sync_store(self, timeout_s: float = 600.0) -> tuple[str, int]:
-        """Rank 0 opens the sync group's store on a port the OS picks; returns (this node's address, the port)."""
-        from shop_r1.weight_sync.broadcast import open_master_store
-
-        if self.rank != 0:
-            raise RuntimeError("the weight-sync store lives on learner rank 0")
-        import ray
-
-        addr = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        self._sync_store = open_master_store(addr, timeout_s)
-        return addr, self._sync_store.port
+        return self._weights_out.open_store(timeout_s)
 
     def init_weight_sender(self, spec: Any) -> None:
-        from shop_r1.weight_sync.broadcast import WeightSender
-
-        if self.rank == 0:
-            self._sender = WeightSender(spec, self.device, store=getattr(self, "_sync_store", None))
+        self._weights_out.connect(spec, self.device)
 
     @torch.no_grad()
     def broadcast_weights(self, manifest: Any) -> int:
@@ -264,8 +216,7 @@ class FSDP2Learner:
         for bucket in manifest.buckets:
             group = [(m.name, params[m.name].full_tensor() if isinstance(params[m.name], DTensor)
                       else params[m.name]) for m in bucket]
-            if self.rank == 0:
-                sent += self._sender.send_bucket(bucket, group)
+            sent += self._weights_out.send_bucket(bucket, group)
         return sent
 
     def nonfinite_weights(self) -> list[str]:

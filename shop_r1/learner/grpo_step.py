@@ -37,10 +37,10 @@ def micro_batches(backend: TrainingBackend, batch: GRPOBatch) -> list[GRPOBatch]
     over all ranks.
 
     Consecutive rows fill a micro-batch up to `learner.max_tokens_per_micro_batch` padded tokens, counted as the
-    forward will run them (packed per prompt under `learner.shared_prompt`). Under ZeRO every forward and backward
-    is a collective, so every rank must make the same number of them whatever its share (an uneven split, or no
-    responses at all): a rank short of micro-batches runs empty ones, whose rows train no token (completion mask
-    0), so they add nothing to the loss or the gradient.
+    forward will run them (packed per prompt under `learner.shared_prompt`). Under ZeRO-3 and FSDP2 every forward
+    and backward is a collective, so every rank must make the same number of them whatever its share (an uneven
+    split, or no responses at all): a rank short of micro-batches runs empty ones, whose rows train no token
+    (completion mask 0), so they add nothing to the loss or the gradient.
     """
     from shop_r1.algo.shared_prompt import prefix_lengths
 
@@ -154,7 +154,8 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
 def rationale_self_certainty(backend: TrainingBackend, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                              normalize_by_vocab: bool = False) -> list[float]:
     """Exact s(r) per response of this rank's `batch` (one value each, 0 without rationale tokens) from the
-    policy's full logits at temperature 1 (shop_r1/learner/forward.py). Every rank must call (ZeRO-3 forwards)."""
+    policy's full logits at temperature 1 (shop_r1/learner/forward.py). Every rank must call (ZeRO-3 and FSDP2
+    forwards are collectives)."""
     forward, out = forward_of(backend), []
     for mb in micro_batches(backend, batch):
         out.extend(forward.rationale_self_certainty(backend.policy, mb, direction, normalize_by_vocab))

@@ -1,9 +1,9 @@
-"""The learner seam, per rank: what the learner group calls on each rank's actor. Backend: `DeepSpeedLearner` (ZeRO
-0-3; gloo on CPU, NCCL on CUDA).
+"""The learner seam, per rank: what the learner group calls on each rank's actor. Backends (`learner.backend`):
+`DeepSpeedLearner` (ZeRO 0-3) and `FSDP2Learner` (torch `fully_shard`); gloo on CPU, NCCL on CUDA.
 
-An FSDP (or any other) backend is one new class that implements `shop_r1.learner.backend.TrainingBackend` (its
-framework's concerns) and these methods, the GRPO ones by delegating to shop_r1/learner/grpo_step.py; it is passed as
-`learner_cls` (or made the default in LearnerGroup). The driver never sees it directly, only through
+Another backend is one new class that implements `shop_r1.learner.backend.TrainingBackend` (its framework's concerns)
+and these methods, the step ones by delegating to shop_r1/learner/grpo_step.py and sft_step.py; LearnerGroup picks
+it from `learner.backend` (or takes it as `learner_cls`). The driver never sees it directly, only through
 `shop_r1.distributed.protocols.Learners`. A test checks that every backend class matches its protocols, parameter
 names included.
 """
@@ -33,7 +33,7 @@ class Learner(Protocol):
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
         """s(r) of each response of this rank's share from the full logits at temperature 1 (no gradient); every rank
-        must call (ZeRO-3 forwards), each with its own share."""
+        must call (ZeRO-3 and FSDP2 forwards are collectives), each with its own share."""
 
     def probe_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
         """The policy's logprobs of each response's completion tokens (the weight-sync check)."""
@@ -48,4 +48,4 @@ class Learner(Protocol):
         """torch.get_num_threads() in this rank's process."""
 
     def named_weights(self) -> Iterator[tuple[str, Any]]:
-        """HF-named full tensors (gathered under ZeRO-3), for the engines."""
+        """HF-named full tensors (gathered under ZeRO-3 and FSDP2), for the engines."""

@@ -10,6 +10,7 @@ import torch
 from shop_r1.config import LearnerConfig, RLConfig
 from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
 from shop_r1.learner.fsdp2_learner import FSDP2Learner
+from shop_r1.learner.sft_step import empty_micro_batch, token_loss_sum
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
 
@@ -132,8 +133,7 @@ def test_a_nonfinite_step_changes_nothing(tiny_model_dir):
     AdamW and the schedule as they were; the next finite step trains."""
     learner = FSDP2Learner(str(tiny_model_dir), LearnerConfig(), lr=1e-2, total_steps=3)
     before = dict(learner.named_weights())
-    mb = learner._empty_batch()
-    learner.backward(learner._token_loss_sum(mb))  # no loss tokens: a zero gradient on every parameter
+    learner.backward(token_loss_sum(learner, empty_micro_batch()))  # no loss tokens: a zero gradient on every parameter
     param = next(learner.module.parameters())
     param.grad.to_local().fill_(float("inf"))
     assert learner.optimizer_step([0.5]).nonfinite == "grad_norm"

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from shop_r1.algo.grpo_loss import LossInputs, grpo_loss
 from shop_r1.config import LearnerConfig, RLConfig
-from shop_r1.learner.backend import OptimizerStep, TrainingBackend
+from shop_r1.learner.backend import OptimizerStep, TrainingBackend, lr_scheduler
 from shop_r1.learner.forward import Forward
 from shop_r1.learner.grpo_step import grpo_update, micro_batches, probe_logprobs, rationale_self_certainty
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
@@ -21,6 +21,7 @@ class TorchBackend:
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, reference: torch.nn.Module | None = None):
         self._model, self.cfg, self.reference, self.rank, self.world_size = model, cfg, reference, 0, 1
+        self.scheduler = lr_scheduler(torch.optim.SGD(model.parameters(), lr=0.5), 10, 0, "constant")
         self.calls: list[str] = []
         self.grads: list[dict[str, torch.Tensor]] = []
 
