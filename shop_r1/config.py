@@ -271,6 +271,9 @@ class LearnerConfig:
     """GRPO forwards (policy, reference, exact self-certainty) encode each group's prompt once: the completions that
     share it are packed after it with a block attention mask (shop_r1/algo/shared_prompt.py), exactly equal to the
     separate rows. Needs an attention that takes a 4D mask (eager or sdpa, not flash-attention 2)."""
+    pack_sequences: bool = False
+    """GRPO micro-batches pack uneven rows (or shared-prompt packs) end to end instead of padding them to the longest
+    (shop_r1/algo/packing.py): the same loss and gradients. Needs a 4D-mask attention (eager or sdpa)."""
     gradient_checkpointing: bool = False
     grad_clip: float = bounded(1.0, gt=0)
     """Clip the global gradient norm to this."""

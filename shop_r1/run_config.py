@@ -24,7 +24,7 @@ resources and timeouts it gets, what the evaluations read:
     rollout.enable_prefix_caching, rollout.num_cpus_per_engine, rollout.max_engine_restarts,
     rollout.generate_timeout_s, rollout.weight_sync_timeout_s, rollout.placement_timeout_s, rollout.resources,
     learner.step_timeout_s, learner.checkpoint_timeout_s, learner.resources, learner.max_tokens_per_micro_batch,
-    learner.shared_prompt (exactly equal), learner.gradient_checkpointing,
+    learner.shared_prompt and learner.pack_sequences (exactly equal), learner.gradient_checkpointing,
     learner.offload_optimizer, learner.num_cpus_per_rank,
     reward_pool.* (workers, CPUs, timeouts, max_failed_fraction)
     rollout.num_gpus_per_engine, learner.num_gpus_per_rank: only while they stay > 0 (or stay 0): 0 <-> > 0 moves
@@ -65,7 +65,7 @@ HARMLESS: tuple[str, ...] = (
     "rollout.enable_prefix_caching", "rollout.num_cpus_per_engine", "rollout.max_engine_restarts",
     "rollout.generate_timeout_s", "rollout.weight_sync_timeout_s", "rollout.resources", "rollout.placement_timeout_s",
     "learner.step_timeout_s", "learner.checkpoint_timeout_s", "learner.resources", "learner.max_tokens_per_micro_batch",
-    "learner.shared_prompt", "learner.gradient_checkpointing",
+    "learner.shared_prompt", "learner.pack_sequences", "learner.gradient_checkpointing",
     "learner.offload_optimizer", "learner.num_cpus_per_rank",
 )
 """Dotted keys (or prefixes ending in ".") whose change on resume leaves the experiment as it was."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shop_r1.algo.packing import first_fit_decreasing
 from shop_r1.reward.self_certainty import rationale_token_mask
 from shop_r1.types import ScoredGeneration
 
@@ -69,14 +70,15 @@ class GRPOBatch:
                          torch.zeros((rows, 2), dtype=self.sampler_logprobs.dtype), temperature=self.temperature)
 
 
-def micro_batch_rows(lengths: Sequence[int], budget: int,
-                     prompts: Sequence[tuple[int, Hashable]] | None = None) -> list[list[int]]:
+def micro_batch_rows(lengths: Sequence[int], budget: int, prompts: Sequence[tuple[int, Hashable]] | None = None,
+                     pack: bool = False) -> list[list[int]]:
     """Consecutive rows split into micro-batches whose padded cost stays within `budget` tokens (a row that alone
     exceeds it is a micro-batch of its own).
 
     Without `prompts` a micro-batch costs rows x its longest row. With them (shared-prompt packing; prompts[b] =
     (prompt length, a key equal for rows with the same prompt)) it costs packs x its longest pack, a pack being the
-    prompt once plus every completion that continues it.
+    prompt once plus every completion that continues it. With `pack` (sequence packing, shop_r1/algo/packing.py)
+    the rows or packs are laid end to end: it costs lines x its longest, first fit decreasing.
     """
     out: list[list[int]] = []
     current: list[int] = []
@@ -87,10 +89,10 @@ def micro_batch_rows(lengths: Sequence[int], budget: int,
         return {**packs, key: packs.get(key, length) + lengths[b] - length}
 
     def cost_with(b: int) -> int:
-        if prompts is None:
-            return (len(current) + 1) * max(lengths[r] for r in [*current, b])
-        sizes = grown(b)
-        return len(sizes) * max(sizes.values())
+        sizes = [lengths[r] for r in [*current, b]] if prompts is None else list(grown(b).values())
+        if pack:
+            return len(first_fit_decreasing(sizes, max(sizes))) * max(sizes)
+        return len(sizes) * max(sizes)
 
     for b in range(len(lengths)):
         if current and cost_with(b) > budget:

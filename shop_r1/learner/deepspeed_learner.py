@@ -90,16 +90,16 @@ class DeepSpeedLearner:
 
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> GRPOStepStats:
         """One GRPO update on this rank's share of the batch (any size, even empty); figures over the global batch."""
-        stats = grpo_update(self, batch, loss_cfg, step=self.step + 1)
+        stats = grpo_update(self, batch, loss_cfg, step=self.step + 1, pack=self.cfg.pack_sequences)
         self.step += 1
         return stats
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
-        return rationale_self_certainty(self, batch, direction, normalize_by_vocab)
+        return rationale_self_certainty(self, batch, direction, normalize_by_vocab, pack=self.cfg.pack_sequences)
 
     def probe_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
-        return probe_logprobs(self, batch)
+        return probe_logprobs(self, batch, pack=self.cfg.pack_sequences)
 
     def sft_step(self, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int) -> SFTStepStats:
         """One optimizer step; the loss is the global batch's token mean (shop_r1/learner/sft_step.py)."""

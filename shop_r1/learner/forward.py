@@ -40,23 +40,36 @@ def self_certainty_from_logits(logits: torch.Tensor, direction: Literal["p_to_u"
     return value / logits.shape[-1] if normalize_by_vocab else value
 
 
+def _packing_saves(attention_mask: torch.Tensor) -> bool:
+    """Whether packing right-padded rows [b, T] takes fewer lines than rows; when not, the rows run as they are (the
+    same outputs, and the model's own causal mask, which SDPA runs faster than a 4D one)."""
+    from shop_r1.algo.packing import first_fit_decreasing
+
+    lengths = [int(n) for n in attention_mask.sum(dim=1).tolist()]
+    return len(first_fit_decreasing(lengths, max(lengths, default=0))) < len(lengths)
+
+
 @dataclass(frozen=True)
 class Forward:
     """Forwards on `device`; with `shared_prompt` (learner.shared_prompt) GRPO rows that share a prompt encode it once
-    (shop_r1/algo/shared_prompt.py: the same outputs and gradients as the separate rows)."""
+    (shop_r1/algo/shared_prompt.py: the same outputs and gradients as the separate rows); with `pack` rows (or packs)
+    are laid end to end instead of padded to the longest (shop_r1/algo/packing.py: the same outputs and gradients)."""
 
     device: torch.device
     shared_prompt: bool = False
+    pack: bool = False
 
     def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                completion_mask: torch.Tensor | None = None) -> Hidden:
         """One forward of `model`'s transformer over rows [b, T]; packed per prompt when `shared_prompt` and a
-        completion mask (GRPO rows) are given, else the rows run as they are."""
+        completion mask (GRPO rows) are given, sequence-packed when `pack`, else the rows run as they are."""
         dev = self.device
-        if completion_mask is not None and self.shared_prompt:
-            from shop_r1.algo.shared_prompt import pack_shared_prompts, prefix_lengths
+        shared = completion_mask is not None and self.shared_prompt
+        if shared or (self.pack and _packing_saves(attention_mask)):
+            from shop_r1.algo.shared_prompt import pack_rows, pack_shared_prompts, prefix_lengths
 
-            packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask))
+            packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
+                                         self.pack) if shared else pack_rows(input_ids, attention_mask)
             hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
                                  attention_mask=packed.additive_mask(model.dtype, dev)).last_hidden_state
             return Hidden(hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev))

@@ -129,18 +129,18 @@ class FSDP2Learner:
 
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> GRPOStepStats:
         """One GRPO update on this rank's share of the batch (any size, even empty); figures over the global batch."""
-        stats = grpo_update(self, batch, loss_cfg, step=self.step + 1)
+        stats = grpo_update(self, batch, loss_cfg, step=self.step + 1, pack=self.cfg.pack_sequences)
         self.step += 1
         return stats
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
-        values = rationale_self_certainty(self, batch, direction, normalize_by_vocab)
+        values = rationale_self_certainty(self, batch, direction, normalize_by_vocab, pack=self.cfg.pack_sequences)
         self._reshard()
         return values
 
     def probe_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
-        values = probe_logprobs(self, batch)
+        values = probe_logprobs(self, batch, pack=self.cfg.pack_sequences)
         self._reshard()
         return values
 

@@ -28,19 +28,20 @@ from shop_r1.learner.forward import Forward
 from shop_r1.types import GRPOStepStats
 
 
-def forward_of(backend: TrainingBackend) -> Forward:
-    return Forward(backend.device, backend.cfg.shared_prompt)
+def forward_of(backend: TrainingBackend, pack: bool = False) -> Forward:
+    """The backend's forward math; `pack` (learner.pack_sequences): sequence packing (shop_r1/algo/packing.py)."""
+    return Forward(backend.device, backend.cfg.shared_prompt, pack)
 
 
-def micro_batches(backend: TrainingBackend, batch: GRPOBatch) -> list[GRPOBatch]:
+def micro_batches(backend: TrainingBackend, batch: GRPOBatch, pack: bool = False) -> list[GRPOBatch]:
     """This rank's micro-batches, each trimmed to its own longest row, padded with empty ones to the largest count
     over all ranks.
 
     Consecutive rows fill a micro-batch up to `learner.max_tokens_per_micro_batch` padded tokens, counted as the
-    forward will run them (packed per prompt under `learner.shared_prompt`). Under ZeRO-3 and FSDP2 every forward
-    and backward is a collective, so every rank must make the same number of them whatever its share (an uneven
-    split, or no responses at all): a rank short of micro-batches runs empty ones, whose rows train no token
-    (completion mask 0), so they add nothing to the loss or the gradient.
+    forward will run them (packed per prompt under `learner.shared_prompt`, end to end with `pack`). Under ZeRO-3
+    and FSDP2 every forward and backward is a collective, so every rank must make the same number of them whatever
+    its share (an uneven split, or no responses at all): a rank short of micro-batches runs empty ones, whose rows
+    train no token (completion mask 0), so they add nothing to the loss or the gradient.
     """
     from shop_r1.algo.shared_prompt import prefix_lengths
 
@@ -50,7 +51,7 @@ def micro_batches(backend: TrainingBackend, batch: GRPOBatch) -> list[GRPOBatch]
         prefixes, ids = prefix_lengths(batch.completion_mask, batch.attention_mask), batch.input_ids.tolist()
         prompts = [(p, tuple(ids[b][:p])) for b, p in enumerate(prefixes)]
     out = [batch.select(rows).trimmed()
-           for rows in micro_batch_rows(lengths, backend.cfg.max_tokens_per_micro_batch, prompts)]
+           for rows in micro_batch_rows(lengths, backend.cfg.max_tokens_per_micro_batch, prompts, pack)]
     count = int(backend.all_reduce(torch.tensor([len(out)], dtype=torch.float64), "max")[0])
     return out + [batch.empty_like(rows=1)] * (count - len(out))
 
@@ -92,13 +93,15 @@ class StepSums:
                              is_truncated_fraction=self.is_truncated / max(tokens, 1.0))
 
 
-def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, step: int) -> GRPOStepStats:
+def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, step: int,
+                pack: bool = False) -> GRPOStepStats:
     """One rollout batch: reference and old logprobs, then `cfg.num_minibatches` clipped-surrogate updates.
 
     `batch` is this rank's share (any size, even empty); the figures are over the global batch, labelled `step`.
+    `pack`: micro-batches sequence-packed (learner.pack_sequences), the same loss and gradient as padded.
     """
-    forward, policy = forward_of(backend), backend.policy
-    micro = micro_batches(backend, batch)
+    forward, policy = forward_of(backend, pack), backend.policy
+    micro = micro_batches(backend, batch, pack)
     with torch.no_grad():
         # With one update per rollout batch the policy is still the sampler: old == current, so the ratio is
         # exactly 1 and its detached logprobs serve as `old` without a second forward pass.
@@ -152,21 +155,21 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
 
 @torch.no_grad()
 def rationale_self_certainty(backend: TrainingBackend, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
-                             normalize_by_vocab: bool = False) -> list[float]:
+                             normalize_by_vocab: bool = False, pack: bool = False) -> list[float]:
     """Exact s(r) per response of this rank's `batch` (one value each, 0 without rationale tokens) from the
     policy's full logits at temperature 1 (shop_r1/learner/forward.py). Every rank must call (ZeRO-3 and FSDP2
     forwards are collectives)."""
-    forward, out = forward_of(backend), []
-    for mb in micro_batches(backend, batch):
+    forward, out = forward_of(backend, pack), []
+    for mb in micro_batches(backend, batch, pack):
         out.extend(forward.rationale_self_certainty(backend.policy, mb, direction, normalize_by_vocab))
     return out[:batch.num_responses]  # without the padding rows of micro_batches
 
 
 @torch.no_grad()
-def probe_logprobs(backend: TrainingBackend, batch: GRPOBatch) -> list[list[float]]:
+def probe_logprobs(backend: TrainingBackend, batch: GRPOBatch, pack: bool = False) -> list[list[float]]:
     """The policy's logprobs on each response's completion tokens (for the weight-sync check)."""
-    forward, out = forward_of(backend), []
-    for mb in micro_batches(backend, batch):
+    forward, out = forward_of(backend, pack), []
+    for mb in micro_batches(backend, batch, pack):
         lp = forward.completion_logprobs(backend.policy, mb)
         for b in range(lp.shape[0]):
             out.append(lp[b][mb.completion_mask[b].bool().to(backend.device)].float().cpu().tolist())

@@ -3,6 +3,7 @@ order in which RolloutStream makes rollouts, stamps versions and hands its pendi
 
 import math
 import threading
+import time
 
 import pytest
 import torch
@@ -247,3 +248,56 @@ def test_a_failure_after_the_update_checkpoints_the_learners_step(tmp_path):
         stream.last_before.cursor_epoch, stream.last_before.cursor_position)
     assert not (checkpoint.latest(tmp_path / "b") / "pending_rollout.json").exists()
     stream.close()
+
+
+class SlowEngines(FakeEngines):
+    """Generation that takes `generate_s` of wall time (a sleep: no CPU, so it measures the overlap itself)."""
+
+    def __init__(self, generate_s: float) -> None:
+        super().__init__()
+        self.generate_s = generate_s
+
+    def generate_scored(self, prompts, spec, pool):
+        time.sleep(self.generate_s)
+        return super().generate_scored(prompts, spec, pool)
+
+
+class SlowSync(FakeSync):
+    def __init__(self, engines, sync_s: float) -> None:
+        super().__init__(engines)
+        self.sync_s = sync_s
+
+    def push(self, version):
+        time.sleep(self.sync_s)
+        return super().push(version)
+
+
+@pytest.mark.parametrize("generate_s,update_s", [(0.3, 0.15), (0.15, 0.3)])
+def test_one_step_off_steps_take_the_slower_stage_plus_the_sync(generate_s, update_s):
+    # The driver's loop shape (train.py): take the rollout, update, push. Synchronous: every step costs
+    # generate + update + sync. One step off: after the first step, generation of step t+1 runs beside step t's
+    # update, so a step costs max(generate, update) + sync (the push waits for the generation in flight).
+    sync_s, steps = 0.05, 6
+
+    def run(async_level):
+        engines = SlowEngines(generate_s)
+        sync, stream = SlowSync(engines, sync_s), _stream(engines, async_level, total=steps, local=False)
+        marks = [time.perf_counter()]
+        for step in range(1, steps + 1):
+            stream.take(step)
+            time.sleep(update_s)  # the learner's update
+            stream.push(sync, step, changed=True)
+            marks.append(time.perf_counter())
+        stream.close()
+        return [b - a for a, b in zip(marks, marks[1:])]
+
+    sync_steps, async_steps = run(0), run(1)
+    serial = generate_s + update_s + sync_s
+    overlapped = max(generate_s, update_s) + sync_s
+    assert min(sync_steps) >= serial * 0.95
+    # Steady state (steps 2 .. n-1; the last step starts no generation, so it costs update + sync): within 40 ms of
+    # max(generate, update) + sync, and well under the serial cost.
+    for t in async_steps[1:-1]:
+        assert overlapped * 0.95 <= t <= overlapped + 0.04, (async_steps, overlapped)
+    assert async_steps[-1] == pytest.approx(update_s + sync_s, abs=0.04)
+    assert sum(async_steps[1:-1]) < 0.8 * sum(sync_steps[1:-1])
