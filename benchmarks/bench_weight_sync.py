@@ -93,6 +93,10 @@ def main() -> None:
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
         "weight_sync_s": sync, "weight_sync_gb_per_s": num_bytes / sync / 1e9,
         "raw_broadcast_s": raw, "raw_broadcast_gb_per_s": num_bytes / raw / 1e9, "sync_over_raw": sync / raw,
+        # Per-phase means (shop_r1.distributed.protocols.SyncStats), where the driver logs them.
+        "weight_sync_phase_s": {k: sum(r[f"timing/weight_sync_{k}"] for r in rows) / len(rows)
+                                for k in ("pack", "transfer", "load", "post", "reset")
+                                if all(f"timing/weight_sync_{k}" in r for r in rows)},
         "step_s": step, "share_outside_stages": other / step,
         "share_by_stage": {k: sum(r[f"timing/{k}"] for r in rows) / len(rows) / step
                            for k in ("rollout", "reward", "advantages", "update", "weight_sync", "other")},

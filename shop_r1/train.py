@@ -192,7 +192,7 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
                     "timing/advantages": t2 - t1, "timing/update": t3 - t2, "timing/step": t4 - t0,
                     "throughput/generated_tokens_per_s": sum(len(c.token_ids) for s in scored
                                                              for c in s.generation.completions) / made.generate_s,
-                    "weight_sync/bytes": synced.num_bytes, "policy_version": rollout.version})
+                    "weight_sync/bytes": synced.num_bytes, **synced.phase_metrics(), "policy_version": rollout.version})
     if overlapped or push_wait_s:
         metrics.update({"timing/rollout": (t1 - t0) + push_wait_s, "timing/reward": 0.0,
                         "timing/weight_sync": (t4 - t3) - push_wait_s, "timing/other": 0.0,

@@ -28,8 +28,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SyncStats:
+    """One push (or bump), seconds throughout. The phases are summed over the buckets along the slowest engine's
+    path, so they never add up to more than `seconds` (which also holds the driver's calls and waits)."""
+
     seconds: float
     num_bytes: int
+    pack_s: float = 0.0
+    """Learner rank 0 copying the gathered parameters into the bucket buffers, while the engine waited for it."""
+    transfer_s: float = 0.0
+    """The rest of the engine's wait for bucket bytes: the wire (and the gather) not hidden behind loading."""
+    load_s: float = 0.0
+    """The engine's loader taking the tensors into the model."""
+    post_s: float = 0.0
+    """The rest of the engine's reload: vLLM's layerwise set-up and finalisation, the tied lm_head's repack."""
+    reset_s: float = 0.0
+    """The engine's prefix-cache reset."""
+
+    def phase_metrics(self) -> dict[str, float]:
+        """`timing/weight_sync_{pack,transfer,load,post,reset}`."""
+        return {f"timing/weight_sync_{k}": getattr(self, f"{k}_s") for k in ("pack", "transfer", "load", "post",
+                                                                             "reset")}
 
 
 @runtime_checkable

@@ -43,7 +43,7 @@ from shop_r1.distributed.actors import ActorTimeout, get, is_actor_death, kill, 
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
 from shop_r1.distributed.protocols import SyncStats, WeightSync
-from shop_r1.weight_sync.broadcast import SyncGroupSpec
+from shop_r1.weight_sync.broadcast import ReceiveStats, SyncGroupSpec
 
 
 class WeightSyncError(EngineFailure):
@@ -114,13 +114,13 @@ class BroadcastSync:
             raise ActorTimeout(f"weight sync of version {version}: learner rank(s) {busy} still broadcasting after "
                                f"{t.push_s:g} s, every engine done ({self._key()}): the learner is hung")
         try:
-            sent = get(senders + receivers, timeout_s=t.push_s)[0]  # all ended: returns, or raises, at once
+            results = get(senders + receivers, timeout_s=t.push_s)  # all ended: returns, or raises, at once
         except Exception as e:  # noqa: BLE001 - re-raised with what the sync knows
             raise WeightSyncError(f"weight sync of version {version} failed, and no engine hung or died to be "
                                   f"replaced: {_last_line(e)} (each bucket's broadcast waits at most "
                                   f"{t.collective_s:g} s, half of {self._key()})") from e
         self.version = version
-        return SyncStats(time.perf_counter() - start, int(sent))
+        return phases(time.perf_counter() - start, results[0], results[len(senders):])
 
     def _recover(self, hung: dict[int, str], dead: dict[int, str], senders: list, version: int) -> None:
         """Kill the hung engines (a broadcast still waiting on one then ends), let the learner's broadcast end, then
@@ -165,6 +165,18 @@ def _last_line(error: BaseException) -> str:
     return lines[-1][:300] if lines else type(error).__name__
 
 
+def phases(seconds: float, sent: object, received: list) -> SyncStats:
+    """A push's phases along the slowest engine's path (its `ReceiveStats`), so they add up to its receive and never
+    to more than `seconds`. The engine's wait for bytes covers learner rank 0's packing (its `SentBytes`) as well as
+    the wire: pack is the sender's packing up to that wait (packing hidden behind loading is off the path), transfer
+    the rest of the wait. Backends that return plain bytes and None (test doubles) give zero phases."""
+    slowest = max((r for r in received if isinstance(r, ReceiveStats)), default=ReceiveStats(),
+                  key=lambda r: r.transfer_s + r.load_s + r.post_s + r.reset_s)
+    pack_s = min(getattr(sent, "pack_s", 0.0), slowest.transfer_s)
+    return SyncStats(seconds, int(sent), pack_s=pack_s, transfer_s=slowest.transfer_s - pack_s,
+                     load_s=slowest.load_s, post_s=slowest.post_s, reset_s=slowest.reset_s)
+
+
 class DirectSync:
     def __init__(self, learners: LearnerGroup, engines: EngineGroup) -> None:
         self.learners, self.engines = learners, engines
@@ -176,8 +188,11 @@ class DirectSync:
         start = time.perf_counter()
         weights = list(get(self.learners.ranks[0].named_weights.remote(), timeout_s=deadlines.weight_sync_timeouts(
             0, self.engines.cfg.weight_sync_timeout_s).push_s, what="learner rank 0's weights"))  # local: no wait
-        self.engines.load_weights(weights, version)
-        return SyncStats(time.perf_counter() - start, sum(t.numel() * t.element_size() for _, t in weights))
+        gathered = time.perf_counter()
+        self.engines.load_weights(weights, version)  # the engine group's call: load, post and reset in one
+        end = time.perf_counter()
+        return SyncStats(end - start, sum(t.numel() * t.element_size() for _, t in weights), pack_s=gathered - start,
+                         load_s=end - gathered)
 
     def bump(self, version: int) -> SyncStats:
         self.version = version

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from shop_r1.weight_sync.broadcast import SyncGroupSpec, TensorMeta, WeightSender, open_master_store
+from shop_r1.weight_sync.broadcast import SentBytes, SyncGroupSpec, TensorMeta, WeightSender, open_master_store
 
 
 class LearnerSender:
@@ -33,9 +33,10 @@ class LearnerSender:
         if self.rank == 0:
             self._sender = WeightSender(spec, device, store=self._store)
 
-    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """Rank 0 broadcasts one bucket's gathered tensors and returns the bytes; the other ranks, which only joined
-        the gather, send nothing (0)."""
+    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> SentBytes:
+        """Rank 0 broadcasts one bucket's gathered tensors and returns the bytes, with its packing and broadcast
+        times (`SentBytes`: the backend's `sent += ...` adds them up); the other ranks, which only joined the gather,
+        send nothing (0)."""
         if self.rank != 0:
-            return 0
+            return SentBytes(0)
         return self._sender.send_bucket(bucket, tensors)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
@@ -25,13 +26,24 @@ from tokenizers.decoders import DecodeStream
 from shop_r1.config import RolloutConfig
 from shop_r1.rollout.engine import stream_offsets, token_offsets
 from shop_r1.types import Completion, Generation, SamplingSpec
+from shop_r1.weight_sync.broadcast import ReceiveStats
 
 
 class WeightLoaderExtension:
     """Mixed into vLLM's worker (`worker_extension_cls`): the engine-side end of a weight update."""
 
-    def shop_r1_load_weights(self, tensors: Iterable[tuple[str, Any]]) -> None:
-        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
+    def shop_r1_load_weights(self, tensors: Iterable[tuple[str, Any]]) -> float:
+        """Returns the seconds from the loader's first pull to the stream's end (the load, with any wait for the
+        wire); the rest of the call is vLLM's layerwise set-up and finalisation and the lm_head repack."""
+        start = time.perf_counter()
+        span = [start, start]
+
+        def timed() -> Iterable[tuple[str, Any]]:  # the body starts at the loader's first pull
+            span[0] = time.perf_counter()
+            yield from tensors
+            span[1] = time.perf_counter()
+
+        self.reload_weights(weights_iterator=timed(), is_checkpoint_format=True)
         model = self.model_runner.get_model()
         lm_head = getattr(model, "lm_head", None)
         tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
@@ -39,6 +51,7 @@ class WeightLoaderExtension:
         if tied and method is not None and hasattr(method, "process_weights_after_loading"):
             # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with.
             method.process_weights_after_loading(lm_head)
+        return max(span[1] - span[0], 0.0)
 
 
 class VLLMEngine:
@@ -105,21 +118,37 @@ class VLLMEngine:
                           policy_version=self._version)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        self._load(named_tensors, version)
+
+    def _load(self, named_tensors: Iterable[tuple[str, Any]], version: int, wait_s: Callable[[], float] = lambda: 0.0
+              ) -> ReceiveStats:
         """With the in-process engine (CPU: one worker in this process) the tensors stream into vLLM's reload as
         they arrive (a broadcast bucket at a time: no second copy of the model); a multi-process engine (GPU, or
-        tensor parallelism) needs them materialised to ship them to its workers."""
+        tensor parallelism) needs them materialised to ship them to its workers. `wait_s()`: the seconds the stream
+        spent blocked on the wire (the receiver's), read once it has ended. Returns the phase times."""
+        start = time.perf_counter()
         if self._in_process:
             stream = iter(named_tensors)
             try:
-                self.llm.collective_rpc("shop_r1_load_weights", args=(((n, t.detach()) for n, t in stream),))
+                [stream_s] = self.llm.collective_rpc(
+                    "shop_r1_load_weights", args=(((n, t.detach()) for n, t in stream),))
             finally:
                 for _ in stream:  # a reload that stopped early still receives every bucket: the group stays in step
                     pass
+            transfer_s = wait_s()
+            load_s = max(stream_s - transfer_s, 0.0)
         else:
             tensors = [(name, t.detach().to("cpu") if not self.on_gpu else t) for name, t in named_tensors]
-            self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,))
+            transfer_s = time.perf_counter() - start
+            stream_s = max(self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,)))  # slowest worker
+            load_s = stream_s
+        loaded = time.perf_counter()
         self.llm.reset_prefix_cache()
         self._version = version
+        end = time.perf_counter()
+        # post: the rest of the load call (vLLM's set-up and finalisation, the repack, handing the call over).
+        post_s = max((loaded - start) - transfer_s - load_s, 0.0)
+        return ReceiveStats(transfer_s=transfer_s, load_s=load_s, post_s=post_s, reset_s=end - loaded)
 
     def init_weight_receiver(self, spec: Any, rank: int) -> None:
         """Join the learner's weight-sync group as receiver `rank` (1..E); collective with the sender's init."""
@@ -129,9 +158,10 @@ class VLLMEngine:
 
         self._receiver = WeightReceiver(spec, rank, torch.device("cuda" if self.on_gpu else "cpu"))
 
-    def receive_weights(self, manifest: Any, version: int) -> None:
-        """Receive one broadcast of the policy's weights and load them (collective with the sender)."""
-        self.load_weights(self._receiver.receive(manifest), version)
+    def receive_weights(self, manifest: Any, version: int) -> ReceiveStats:
+        """Receive one broadcast of the policy's weights and load them (collective with the sender); returns the
+        engine's phase times."""
+        return self._load(self._receiver.receive(manifest), version, wait_s=lambda: self._receiver.wait_s)
 
     def policy_version(self) -> int:
         return self._version

@@ -12,6 +12,7 @@ The driver derives both from the bytes (shop_r1/distributed/deadlines.py) and de
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -101,31 +102,82 @@ def _process_group(spec: SyncGroupSpec, rank: int, store=None):
     return store, dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timedelta(seconds=spec.timeout_s))
 
 
-def _broadcast(pg, flat: torch.Tensor, spec: SyncGroupSpec) -> None:
-    """One broadcast from rank 0, waiting at most the spec's collective timeout for the peers."""
+def _post_broadcast(pg, flat: torch.Tensor, spec: SyncGroupSpec):
+    """Start one broadcast from rank 0 (gloo and NCCL progress it on their own threads / stream); the returned
+    work's `wait()` waits at most the spec's collective timeout for the peers."""
     import torch.distributed as dist
 
     opts = dist.BroadcastOptions()
     opts.rootRank, opts.rootTensor, opts.timeout = 0, 0, spec.op_timeout
-    pg.broadcast([flat], opts).wait()
+    return pg.broadcast([flat], opts)
+
+
+def _broadcast(pg, flat: torch.Tensor, spec: SyncGroupSpec) -> None:
+    """One broadcast from rank 0, waiting at most the spec's collective timeout for the peers."""
+    _post_broadcast(pg, flat, spec).wait()
+
+
+class SentBytes(int):
+    """The bytes a sender broadcast, carrying its phase times: `pack_s` (copying tensors into the bucket buffer)
+    and `transfer_s` (waiting for the broadcast). An int, so the learners' `sent += send_bucket(...)` and `sum()`
+    keep adding bytes (0 + SentBytes is a SentBytes: Python asks the subclass's __radd__ first) while the times add
+    up too; learner rank 0's `broadcast_weights` hands it to the sync as it is."""
+
+    pack_s: float
+    transfer_s: float
+
+    def __new__(cls, num_bytes: int, pack_s: float = 0.0, transfer_s: float = 0.0) -> SentBytes:
+        out = super().__new__(cls, num_bytes)
+        out.pack_s, out.transfer_s = pack_s, transfer_s
+        return out
+
+    def __add__(self, other: int) -> SentBytes:
+        if not isinstance(other, int):
+            return NotImplemented
+        return SentBytes(int(self) + int(other), self.pack_s + getattr(other, "pack_s", 0.0),
+                         self.transfer_s + getattr(other, "transfer_s", 0.0))
+
+    __radd__ = __add__
+
+    def __reduce__(self):
+        return SentBytes, (int(self), self.pack_s, self.transfer_s)
+
+
+@dataclass(frozen=True)
+class ReceiveStats:
+    """One engine's side of a sync, in seconds: `transfer_s` blocked waiting for bucket bytes (the wire not hidden
+    behind loading, and the sender's gather and packing it waited for), `load_s` handing the tensors to the model's
+    loader, `post_s` the rest of the reload (vLLM's layerwise set-up and finalisation, the tied lm_head's repack),
+    `reset_s` the prefix-cache reset. Their sum is the engine's whole receive."""
+
+    transfer_s: float = 0.0
+    load_s: float = 0.0
+    post_s: float = 0.0
+    reset_s: float = 0.0
 
 
 class WeightSender:
-    """Rank 0 of the sync group, living in learner rank 0."""
+    """Rank 0 of the sync group, living in learner rank 0.
+
+    One flat buffer per dtype, as large as the largest bucket yet, allocated once and reused by every bucket of
+    every sync (the sender waits for each broadcast before packing the next bucket)."""
 
     def __init__(self, spec: SyncGroupSpec, device: torch.device, store=None) -> None:
         """`store`: the one `open_master_store` opened for spec.master_port; without it the store is opened here."""
         self._store, self._pg = _process_group(spec, rank=0, store=store)
         self.device, self.spec = device, spec
+        self.buffers: dict[str, torch.Tensor] = {}
 
-    def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> int:
+    def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> SentBytes:
         """Broadcast `tensors` (in manifest order) bucket by bucket; returns the bytes sent."""
-        return sum(self.send_bucket(bucket, [next(tensors) for _ in bucket]) for bucket in manifest.buckets)
+        return sum((self.send_bucket(bucket, [next(tensors) for _ in bucket]) for bucket in manifest.buckets),
+                   SentBytes(0))
 
-    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """One bucket: each tensor copied once, straight into one flat buffer of the bucket's dtype on the sender's
+    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> SentBytes:
+        """One bucket: each tensor copied once, straight into the bucket's buffer of its dtype on the sender's
         device (no upcast, no host round trip, no intermediate copies), then one broadcast. Returns the bytes."""
-        flat = torch.empty(sum(_numel(m.shape) for m in bucket), dtype=DTYPES[bucket[0].dtype], device=self.device)
+        start = time.perf_counter()
+        flat = _buffer(self.buffers, bucket, self.device)
         offset = 0
         for meta, (name, t) in zip(bucket, tensors):
             if name != meta.name or tuple(t.shape) != meta.shape:
@@ -133,26 +185,81 @@ class WeightSender:
             n = _numel(meta.shape)
             flat[offset:offset + n].view(meta.shape).copy_(t.detach())
             offset += n
+        packed = time.perf_counter()
         _broadcast(self._pg, flat, self.spec)
-        return flat.numel() * flat.element_size()
+        return SentBytes(flat.numel() * flat.element_size(), packed - start, time.perf_counter() - packed)
+
+
+def _buffer(buffers: dict[str, torch.Tensor], bucket: tuple[TensorMeta, ...], device: torch.device) -> torch.Tensor:
+    """The first numel(bucket) elements of the persistent buffer for the bucket's dtype, grown when too small."""
+    dtype, total = bucket[0].dtype, sum(_numel(m.shape) for m in bucket)
+    if dtype not in buffers or buffers[dtype].numel() < total:
+        buffers[dtype] = torch.empty(total, dtype=DTYPES[dtype], device=device)
+    return buffers[dtype][:total]
+
+
+def _in_use(flat: torch.Tensor) -> bool:
+    """Whether anything beside `flat` still holds its storage (a view the model's loader kept), judged against a
+    lone tensor's count. Without the use-count hook in this torch, assume so: a fresh buffer is always safe."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return True
+    probe = torch.empty(1, dtype=flat.dtype, device=flat.device)  # held by a name, as `flat` is
+    return use_count(flat.untyped_storage()._cdata) > use_count(probe.untyped_storage()._cdata)
 
 
 class WeightReceiver:
-    """Rank r >= 1 of the sync group, living in a rollout engine's actor."""
+    """Rank r >= 1 of the sync group, living in a rollout engine's actor.
+
+    Buckets land in a pool of persistent buffers per dtype, and the broadcast of bucket k+1 is posted before bucket
+    k's tensors are handed out, so the wire runs while the model loads bucket k. A bucket takes a pooled buffer
+    that nothing else references: not bucket k's, and not one whose views the model's loader still keeps (vLLM's
+    layerwise reload holds a layer's first tensors until its last arrives, and a padded embedding's until the end).
+    The pool grows only when none is free, so from the second sync on nothing is allocated (usually two buffers,
+    three when a layer straddles buckets). `wait_s` is the time the last `receive` was blocked on the wire."""
 
     def __init__(self, spec: SyncGroupSpec, rank: int, device: torch.device) -> None:
         if rank < 1:
             raise ValueError("receivers have ranks 1..E; rank 0 is the learner's sender")
         self._store, self._pg = _process_group(spec, rank=rank)
         self.device, self.spec = device, spec
+        self.pools: dict[str, list[torch.Tensor]] = {}
+        self.wait_s = 0.0
+
+    def _buffer(self, bucket: tuple[TensorMeta, ...]) -> torch.Tensor:
+        """A free pooled buffer for `bucket` (a free one too small is replaced by a larger one), else a new one."""
+        dtype, total = bucket[0].dtype, sum(_numel(m.shape) for m in bucket)
+        pool = self.pools.setdefault(dtype, [])
+        free = [i for i, flat in enumerate(pool) if not _in_use(flat)]
+        fits = [i for i in free if pool[i].numel() >= total]
+        if fits:
+            return pool[fits[0]][:total]
+        fresh = torch.empty(total, dtype=DTYPES[dtype], device=self.device)
+        if free:
+            pool[free[0]] = fresh
+        else:
+            pool.append(fresh)
+        return fresh[:total]
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
-        for bucket in manifest.buckets:
-            total = sum(_numel(m.shape) for m in bucket)
-            flat = torch.empty(total, dtype=DTYPES[bucket[0].dtype], device=self.device)
-            _broadcast(self._pg, flat, self.spec)
+        """The manifest's tensors, in order, as views into the pooled receive buffers (a buffer is never reused
+        while any view of it is held, so a kept tensor keeps its values)."""
+        self.wait_s = 0.0
+        buckets = manifest.buckets
+        if not buckets:
+            return
+        flat = self._buffer(buckets[0])
+        work = _post_broadcast(self._pg, flat, self.spec)
+        for k, bucket in enumerate(buckets):
+            start = time.perf_counter()
+            work.wait()
+            self.wait_s += time.perf_counter() - start
+            current = flat
+            if k + 1 < len(buckets):  # bucket k+1 on the wire while the loader takes bucket k
+                flat = self._buffer(buckets[k + 1])
+                work = _post_broadcast(self._pg, flat, self.spec)
             offset = 0
             for meta in bucket:
                 n = _numel(meta.shape)
-                yield meta.name, flat[offset:offset + n].view(meta.shape)
+                yield meta.name, current[offset:offset + n].view(meta.shape)
                 offset += n

@@ -1,0 +1,111 @@
+"""The weight-sync wire's persistent buffers, overlapped receive and per-phase times, on gloo in one process (the
+sender in a thread)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import torch
+
+from shop_r1.distributed.protocols import SyncStats
+from shop_r1.distributed.sync_group import phases
+from shop_r1.weight_sync.broadcast import (
+    ReceiveStats,
+    SentBytes,
+    SyncGroupSpec,
+    WeightReceiver,
+    WeightSender,
+    make_manifest,
+    open_master_store,
+)
+
+
+def _weights(seed: int, growing: bool = True) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(f"w{i}", torch.randn(64, 16 + i * growing, generator=g)) for i in range(7)] + \
+        [("norm", torch.randn(64, generator=g))]
+
+
+def _pair():
+    """A sender and a receiver of one gloo group (the two rendezvous together, so they are built in two threads)."""
+    store = open_master_store("127.0.0.1", timeout_s=60)
+    spec = SyncGroupSpec("127.0.0.1", store.port, world_size=2, timeout_s=60)
+    made: dict = {}
+    thread = threading.Thread(target=lambda: made.update(sender=WeightSender(spec, torch.device("cpu"), store)))
+    thread.start()
+    receiver = WeightReceiver(spec, 1, torch.device("cpu"))
+    thread.join(timeout=60)
+    return made["sender"], receiver
+
+
+def _sync(sender, receiver, manifest, weights, keep=None):
+    """One sync; the receiver's consumer copies each tensor (as a loader does), or keeps the views of `keep`."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(sent=sender.send(manifest, iter(weights))))
+    thread.start()
+    got = {n: (t if n in (keep or ()) else t.clone()) for n, t in receiver.receive(manifest)}
+    thread.join(timeout=60)
+    return result["sent"], got
+
+
+def test_the_second_sync_reuses_every_bucket_buffer_and_delivers_the_new_weights():
+    first, second = _weights(0), _weights(1)
+    manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in first), bucket_bytes=64 * 24 * 4)
+    assert len(manifest.buckets) == 7  # one matrix each (the norm rides with the last)
+    sender, receiver = _pair()
+
+    sent, got = _sync(sender, receiver, manifest, first)
+    assert sent == manifest.num_bytes and sent.pack_s >= 0 and sent.transfer_s >= 0
+    for name, want in first:
+        torch.testing.assert_close(got[name], want, rtol=0, atol=0)
+    send_ptrs = {k: t.data_ptr() for k, t in sender.buffers.items()}
+    recv_ptrs = [t.data_ptr() for pool in receiver.pools.values() for t in pool]
+    assert 2 <= len(recv_ptrs) < len(manifest.buckets)  # a pool, not a buffer per bucket
+
+    sent, got = _sync(sender, receiver, manifest, second)
+    assert sent == manifest.num_bytes
+    for name, want in second:
+        torch.testing.assert_close(got[name], want, rtol=0, atol=0)
+    assert {k: t.data_ptr() for k, t in sender.buffers.items()} == send_ptrs
+    assert [t.data_ptr() for pool in receiver.pools.values() for t in pool] == recv_ptrs
+    assert receiver.wait_s >= 0
+
+
+def test_a_view_the_loader_kept_is_never_overwritten():
+    """vLLM's layerwise reload keeps views of a layer's first tensors until its last arrives (or until the end):
+    the slot is replaced by a fresh buffer, and the kept tensor still holds what was sent."""
+    first, second = _weights(0, growing=False), _weights(1, growing=False)  # equal buckets: none outgrows its buffer
+    manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in first), bucket_bytes=64 * 16 * 4)
+    sender, receiver = _pair()
+    _, got = _sync(sender, receiver, manifest, first, keep={"w0"})
+    _, again = _sync(sender, receiver, manifest, second)
+    torch.testing.assert_close(got["w0"], first[0][1], rtol=0, atol=0)
+    torch.testing.assert_close(again["w0"], second[0][1], rtol=0, atol=0)
+
+
+def test_sent_bytes_add_up_as_the_learners_add_them():
+    """Learners do `sent = 0; sent += send_bucket(...)` and return it through Ray (a pickle)."""
+    sent = 0
+    for nbytes, pack, wire in ((100, 0.5, 1.0), (20, 0.25, 2.0)):
+        sent += SentBytes(nbytes, pack, wire)
+    assert isinstance(sent, SentBytes) and sent == 120 and (sent.pack_s, sent.transfer_s) == (0.75, 3.0)
+    back = pickle.loads(pickle.dumps(sent))
+    assert back == 120 and (back.pack_s, back.transfer_s) == (0.75, 3.0)
+    assert sum([SentBytes(1, 1.0, 0.0), SentBytes(2, 0.0, 1.0)]) == 3
+
+
+def test_phases_follow_the_slowest_engine_and_add_up_to_at_most_the_push():
+    # Engine 2 is the slowest (1.0 + 2 + 0.5 + 0.25 = 3.75 s of receive). It waited 1.0 s for bytes, of which the
+    # sender spent 0.75 s packing: pack 0.75, transfer 0.25. A push of 4 s holds it.
+    sent = SentBytes(1000, 0.75, 0.1)
+    received = [ReceiveStats(0.5, 1.0, 0.5, 0.25), ReceiveStats(1.0, 2.0, 0.5, 0.25), None]
+    stats = phases(4.0, sent, received)
+    assert stats == SyncStats(4.0, 1000, pack_s=0.75, transfer_s=0.25, load_s=2.0, post_s=0.5, reset_s=0.25)
+    metrics = stats.phase_metrics()
+    assert set(metrics) == {f"timing/weight_sync_{k}" for k in ("pack", "transfer", "load", "post", "reset")}
+    assert all(v >= 0 for v in metrics.values()) and sum(metrics.values()) <= stats.seconds
+    # Packing hidden behind loading (longer than the engine ever waited) is off the path: pack = the wait.
+    assert phases(4.0, SentBytes(10, 3.0, 0.0), [ReceiveStats(0.5, 2.0, 0.5, 0.25)]).pack_s == 0.5
+    # Test doubles return plain bytes and None: zero phases.
+    assert phases(1.0, 10, [None]) == SyncStats(1.0, 10)

@@ -1,0 +1,85 @@
+"""The vLLM engine's end of the wire on CPU: two syncs of different weights through the real WeightReceiver into
+the in-process engine; the engine's parameters equal what was sent each time, and its phase times are recorded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from shop_r1.config import RolloutConfig
+from shop_r1.weight_sync.broadcast import SyncGroupSpec, WeightSender, make_manifest, open_master_store
+
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _engine_state(worker) -> dict[str, torch.Tensor]:
+    """The engine's parameters; a linear layer (repacked for the CPU kernels) as the weight it applies: its output
+    on the identity, transposed, less its bias."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    model = worker.model_runner.get_model()
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, LinearBase):
+                out = module(torch.eye(module.input_size))[0]
+                bias = getattr(module, "bias", None)
+                state[f"{name}.weight"] = (out - (bias if bias is not None else 0)).T.contiguous()
+    return state
+
+
+def _sources(name: str) -> list[str]:
+    """The HF tensors vLLM's parameter `name` holds: itself, or those it fuses (concatenated by rows)."""
+    for fused, parts in FUSED.items():
+        if f".{fused}." in name:
+            return [name.replace(fused, part) for part in parts]
+    return [name]
+
+
+@pytest.mark.timeout(900)
+def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from shop_r1.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0), 256, seed=0)
+    base = [(n, p.detach().clone()) for n, p in
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters()]
+    manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10)
+    assert len(manifest.buckets) > 3
+    store = open_master_store("127.0.0.1", timeout_s=120)
+    spec = SyncGroupSpec("127.0.0.1", store.port, world_size=2, timeout_s=120)
+    made: dict = {}
+    joining = threading.Thread(target=lambda: made.update(sender=WeightSender(spec, torch.device("cpu"), store)))
+    joining.start()
+    engine.init_weight_receiver(spec, 1)
+    joining.join(timeout=120)
+    sender = made["sender"]
+
+    ptrs = None
+    for version, scale in ((1, 1.5), (2, -0.5)):
+        sent = [(n, t * scale + 0.01 * version) for n, t in base]
+        sending = threading.Thread(target=lambda sent=sent: made.update(bytes=sender.send(manifest, iter(sent))))
+        sending.start()
+        stats = engine.receive_weights(manifest, version)
+        sending.join(timeout=120)
+        assert made["bytes"] == manifest.num_bytes and engine.policy_version() == version
+        assert min(stats.transfer_s, stats.load_s, stats.post_s, stats.reset_s) >= 0 and stats.load_s > 0
+
+        want, compared = dict(sent), set()
+        for name, have in engine.llm.collective_rpc(_engine_state)[0].items():
+            sources = _sources(name)
+            if all(s in want for s in sources):  # vLLM's tied lm_head is the embedding, sent once
+                expected = torch.cat([want[s] for s in sources])
+                # vLLM pads the vocabulary to a multiple of 64 rows: the sent rows lead.
+                torch.testing.assert_close(have[:len(expected)], expected, rtol=1e-5, atol=1e-5, msg=name)
+                compared.update(sources)
+        assert compared == set(want)
+
+        now = [t.data_ptr() for pool in engine._receiver.pools.values() for t in pool]
+        if ptrs is not None:
+            assert now == ptrs  # the second sync reused the receive buffers
+        ptrs = now
+        assert sender.buffers  # one persistent send buffer
