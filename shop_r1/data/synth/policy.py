@@ -14,6 +14,12 @@ The rule, in order (results page):
  6. stop.
 Product page: a product that fits and has at least the minimum rating is bought (buy now or add to cart, as the
 profile says); any other goes back to the results. Cart page: proceed to checkout. Home page: the first search.
+
+On a results page the rationale starts with the shopper's count so far ("I've opened 1 of my 2 products and made 2
+of my 3 searches; ..."): steps 3 and 5 hang on those counts, and a model that writes them out before the action
+reads them off its own earlier answers (in the history) instead of counting the session's actions silently.
+Measured on validation (seed 0, README "The main job"): SFT 38.5 -> 33.6 % exact (queries worse), but GRPO then
+gains on every action type instead of trading `type_and_submit` against `terminate` (+2.7 [+0.0, +5.5] vs SFT).
 """
 
 from __future__ import annotations
@@ -139,29 +145,32 @@ def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decis
         return Decision(Action("click", "back_to_results"), f"This one {reason}, so I'll go back to the results.")
     if page.kind != "results":
         return Decision(Action("terminate"), "This page is not what I was looking for, so I'll leave.")
+    viewed = _views(history)
+    state = (f"I've opened {len(viewed)} of my {p.max_views} products and made {searches} of my {p.max_searches} "
+             "searches")
     if p.uses_filters and p.brand:
         for label, name, checked in page.brands:
             if label == p.brand and not checked:
-                return Decision(Action("click", name), f"I prefer {p.brand}, so I'll filter the results to it.")
+                return Decision(Action("click", name),
+                                f"{state}; I prefer {p.brand}, so I'll filter the results to it.")
     bucket = budget_bucket(p.budget)
     if p.uses_filters and page.price_current != bucket:
         return Decision(Action("click", f"refinements.price.{bucket}"),
-                        f"My budget is under ${p.budget}, so I'll narrow the results to that price range.")
-    viewed = _views(history)
+                        f"{state}; my budget is under ${p.budget}, so I'll narrow the results to that price range.")
     if len(viewed) >= p.max_views:
         return Decision(Action("terminate"),
-                        f"I've looked at {len(viewed)} products and none was right, so I'll stop here.")
+                        f"{state}, and none was right, so I'll stop here.")
     for item in page.results:
         if item.name not in viewed and fits(p, item.title, item.price):
             return Decision(Action("click", item.name),
-                            f"The {item.title} is {p.feature} and ${item.price:.2f}, under my ${p.budget} budget, "
-                            "so I'll take a closer look.")
+                            f"{state}; the {item.title} is {p.feature} and ${item.price:.2f}, under my ${p.budget} "
+                            "budget, so I'll take a closer look.")
     if searches < len(queries):
         q = queries[searches]
         return Decision(Action("type_and_submit", pages.SEARCH_INPUT, q),
-                        f"Nothing here is a {want} under ${p.budget}, so I'll search for \"{q}\".")
+                        f"{state}; nothing here is a {want} under ${p.budget}, so I'll search for \"{q}\".")
     return Decision(Action("terminate"),
-                    f"I've tried {searches} searches and found no {want} under ${p.budget}, so I'll leave.")
+                    f"{state}, and found no {want} under ${p.budget}, so I'll leave.")
 
 
 def noise_alternatives(profile: Profile, page: PageView, history: Sequence[Action]) -> list[Action]:
