@@ -1,4 +1,4 @@
-"""rl.scale_rewards (group / batch / none / target_type) and rl.self_certainty_breaks_ties, with values worked out by hand."""
+"""rl.scale_rewards (group / batch / none / target_type) and rl.self_certainty_breaks_ties, worked out by hand."""
 
 import math
 
