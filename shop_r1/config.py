@@ -401,13 +401,14 @@ class RLConfig:
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
     drop_zero_signal_groups: bool = False
     """Leave out zero-signal groups (their advantages are 0 anyway): see self_certainty_breaks_ties."""
-    scale_rewards: Literal["group", "batch", "none", "target_type"] = "group"
+    scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled"] = "group"
     """Advantage normalisation, A = (r - group mean) / scale: `group` divides by the group's std (GRPO, the paper),
     `batch` by the std of all rewards of the step's batch, `none` by nothing (Dr. GRPO; advantages are then in reward
     units, up to ~DARS = 1000 for a click, so rl.lr must be far smaller), `target_type` by the std of the rewards of
     the step's groups whose target has the same action type (batch std per type: a right `terminate` earns 0.3 next
     to DARS-scale clicks and queries, so one batch std leaves terminate groups without signal; shop_r1/algo/
-    advantages.py)."""
+    advantages.py), `decoupled` normalises the decision (format + action_type) and the content (attribute + value +
+    alpha * s) each by its own group std, sums them and divides by the sum's batch std (GDPO)."""
     self_certainty_breaks_ties: bool = True
     """True (the paper): a group is zero-signal only when its *total* rewards all tie, so alpha * s(r), which always
     differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5

@@ -88,14 +88,28 @@ def _action_rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
                         dtype=torch.float64)  # [P, G]
 
 
+def _components(scored: list[ScoredGeneration], breaks_ties: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """rl.scale_rewards=decoupled's components [2, P, G]: the decision (format + action_type) and the content
+    (attribute + value + alpha * s, the rest of the total); and what must tie for each to carry no signal (the content
+    without alpha * s unless self-certainty breaks ties)."""
+    decision = [[r.format + r.action_type for r in s.rewards] for s in scored]
+    content = [[r.total - (r.format + r.action_type) for r in s.rewards] for s in scored]
+    content_tie = content if breaks_ties else [[r.attribute + r.value for r in s.rewards] for s in scored]
+    return (torch.tensor([decision, content], dtype=torch.float64),
+            torch.tensor([decision, content_tie], dtype=torch.float64))
+
+
 def step_advantages(scored: list[ScoredGeneration], cfg: Config) -> GroupAdvantages:
     """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
     or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie."""
     tie = None if cfg.rl.self_certainty_breaks_ties else _action_rewards(scored)
-    strata = None
+    strata = components = tie_components = None
     if cfg.rl.scale_rewards == "target_type":
         strata = torch.tensor([ACTION_TYPES.index(s.prompt.target.type) for s in scored])
-    return group_advantages(_rewards(scored), scale=cfg.rl.scale_rewards, tie_rewards=tie, strata=strata)
+    if cfg.rl.scale_rewards == "decoupled":
+        components, tie_components = _components(scored, cfg.rl.self_certainty_breaks_ties)
+    return group_advantages(_rewards(scored), scale=cfg.rl.scale_rewards, tie_rewards=tie, strata=strata,
+                            components=components, tie_components=tie_components)
 
 
 def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int

@@ -8,6 +8,14 @@
                                                  batch std within each stratum of target type (click,
                                                  type_and_submit, terminate): a departure from the paper, see
                                                  `rl.scale_rewards`
+        decoupled    GDPO (Liu et al. 2026, arXiv 2601.05242): each reward component is centred and divided by its
+                     own group std (0 where the component ties within the group), the per-component advantages are
+                     summed, and the sum is divided by its std over the whole batch
+
+`decoupled` exists for the same reason, from the other side: with one scale for the summed reward, a group in
+which one sample hits a query (DARS ~1000) gives its other type_and_submit samples the same negative advantage as its
+`terminate` samples, so the right *type* earns nothing beside the rare right *text*. Normalised apart, the action-type
+term keeps its own unit-scale signal in every group where the types differ, and the DARS term its own.
 
 `target_type` exists because Table 1 pays a correct `terminate` 0.3 while a correct click or query pays up to DARS
 (1000): one batch std then leaves terminate groups with advantages ~1e-3 (no signal at all), while their terminate
@@ -31,8 +39,8 @@ from typing import Literal
 
 import torch
 
-ScaleRewards = Literal["group", "batch", "none", "target_type"]
-SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "target_type")
+ScaleRewards = Literal["group", "batch", "none", "target_type", "decoupled"]
+SCALE_REWARDS: tuple[str, ...] = ("group", "batch", "none", "target_type", "decoupled")
 
 
 @dataclass(frozen=True)
@@ -47,13 +55,16 @@ class GroupAdvantages:
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: ScaleRewards = "group",
                      tie_rewards: torch.Tensor | None = None,
-                     strata: torch.Tensor | None = None) -> GroupAdvantages:
+                     strata: torch.Tensor | None = None, components: torch.Tensor | None = None,
+                     tie_components: torch.Tensor | None = None) -> GroupAdvantages:
     """rewards [P, G] (total reward of each sample) -> advantages [P, G].
 
     `tie_rewards` [P, G] (default: `rewards`): a group whose tie rewards are all equal is zero-signal. `batch`
     scales by the std of every reward in `rewards`, zero-signal groups included (they are part of the step's batch).
     `strata` [P] (integer label per group, needed by `target_type` only): `target_type` scales each group by the std
     of every reward of the groups sharing its label (a stratum of one group uses that group's std).
+    `components` [K, P, G] (needed by `decoupled` only): the reward's terms, summing to `rewards`; component k is
+    normalised within a group only where `tie_components[k]` (default: `components[k]`) does not tie there.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [P, G], got shape {tuple(rewards.shape)}")
@@ -80,8 +91,27 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: ScaleRewar
             rows = strata == label
             std[rows] = rewards[rows].std()
         adv = centred / (std + eps)
+    elif scale == "decoupled":
+        adv = _decoupled(rewards, components, tie_components, eps)
     else:
         adv = centred
     zero_signal = (tie == tie[:, :1]).all(dim=1)
     adv = torch.where(zero_signal.unsqueeze(1), torch.zeros_like(adv), adv)
     return GroupAdvantages(adv, zero_signal)
+
+
+def _decoupled(rewards: torch.Tensor, components: torch.Tensor | None, tie_components: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
+    """GDPO: sum_k (c_k - group mean) / (group std + eps), 0 for a component tied in its group; then / (batch std of
+    the sum + eps)."""
+    if components is None or components.dim() != 3 or components.shape[1:] != rewards.shape:
+        raise ValueError(f"scale='decoupled' needs components of shape (K, {', '.join(map(str, rewards.shape))}), "
+                         f"got {None if components is None else tuple(components.shape)}")
+    comps = components.to(torch.float64)
+    tie = comps if tie_components is None else tie_components
+    if tie.shape != comps.shape:
+        raise ValueError(f"tie_components has shape {tuple(tie.shape)}, components {tuple(comps.shape)}")
+    per = (comps - comps.mean(dim=2, keepdim=True)) / (comps.std(dim=2, keepdim=True) + eps)
+    tied = (tie == tie[:, :, :1]).all(dim=2, keepdim=True)  # [K, P, 1]
+    summed = torch.where(tied, torch.zeros_like(per), per).sum(dim=0)  # [P, G]
+    return summed / (summed.std() + eps)

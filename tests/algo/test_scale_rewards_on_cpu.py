@@ -1,4 +1,5 @@
-"""rl.scale_rewards (group / batch / none / target_type) and rl.self_certainty_breaks_ties, worked out by hand."""
+"""rl.scale_rewards (group / batch / none / target_type / decoupled) and rl.self_certainty_breaks_ties, worked out by
+hand."""
 
 import math
 
@@ -173,3 +174,55 @@ def test_target_type_gives_terminate_groups_a_voice_beside_dars_successes():
                                atol=1e-5, rtol=0)
     torch.testing.assert_close(strat[0], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)], dtype=torch.float64),
                                atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------ decoupled: GDPO, each component its own group std
+
+def test_decoupled_keeps_the_right_type_above_the_wrong_one_beside_a_dars_success():
+    # One group: A right type, no text (decision 0.8, content 0); B right type and text (0.8, 1000); C terminate
+    # (0.5, 0)
+    # decision (0.8, 0.8, 0.5): mean 0.7, centred (0.1, 0.1, -0.2), std sqrt(0.06 / 2) = sqrt 0.03 -> (1, 1, -2)/sqrt 3
+    # content (0, 1000, 0): mean 1000/3, centred (-1, 2, -1) * 1000/3, std 1000/sqrt 3 -> (-1, 2, -1)/sqrt 3
+    # sum (0, 3, -3)/sqrt 3 = (0, sqrt 3, -sqrt 3); batch std sqrt((3 + 3) / 2) = sqrt 3 -> (0, 1, -1)
+    comps = torch.tensor([[[0.8, 0.8, 0.5]], [[0.0, 1000.0, 0.0]]])
+    out = group_advantages(comps.sum(dim=0), eps=0.0, scale="decoupled", components=comps)
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, 1.0, -1.0]], dtype=torch.float64))
+    # One std for the sum (group scaling) puts A with C: totals (0.8, 1000.8, 0.5) -> A and C both about -1/sqrt 3
+    grouped = group_advantages(comps.sum(dim=0), eps=0.0, scale="group").advantages
+    assert abs(float(grouped[0, 0] - grouped[0, 2])) < 1e-3
+
+
+def test_decoupled_zeroes_a_component_tied_in_its_group_and_scales_by_the_batch():
+    # Group 0: decision (1, 0), content tied (2, 2) -> (1/sqrt 2, -1/sqrt 2) + 0.
+    # Group 1: decision tied (0, 0), content (0, 10) -> 0 + (-1/sqrt 2, 1/sqrt 2): a 10-point gap weighs as a 1-point.
+    # sum +-1/sqrt 2 four times: mean 0, unbiased variance (4 * 0.5) / 3 -> std sqrt(2/3);
+    # 1/sqrt 2 / sqrt(2/3) = sqrt 3/2
+    comps = torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[2.0, 2.0], [0.0, 10.0]]])
+    out = group_advantages(comps.sum(dim=0), eps=0.0, scale="decoupled", components=comps)
+    c = math.sqrt(3) / 2
+    torch.testing.assert_close(out.advantages, torch.tensor([[c, -c], [-c, c]], dtype=torch.float64))
+
+
+def test_decoupled_needs_components_of_the_rewards_shape():
+    with pytest.raises(ValueError, match="needs components"):
+        group_advantages(REWARDS, scale="decoupled")
+    with pytest.raises(ValueError, match="needs components"):
+        group_advantages(REWARDS, scale="decoupled", components=torch.zeros(2, 3, 2))
+
+
+@pytest.mark.parametrize("breaks_ties", [False, True])
+def test_step_advantages_decoupled_splits_decision_from_content(breaks_ties):
+    # MIXED: decision (0.8, 0.5, 0.8) -> (1, -2, 1)/sqrt 3; content (7a, 7a, 1000.2 + 7a) -> (-1, -1, 2)/sqrt 3;
+    # sum (0, -sqrt 3, sqrt 3). TIED: decision tied -> 0; content (6.4a, 6.8a, 7.2a) ties in its action part, so it is
+    # 0 unless self-certainty breaks ties, then (-1, 0, 1). Batch std over six values, unbiased:
+    # 6 / 5 -> sqrt 1.2 without the tie-break, (6 + 2) / 5 -> sqrt 1.6 with it.
+    cfg = _cfg(breaks_ties=breaks_ties)
+    cfg.rl.scale_rewards = "decoupled"
+    out = step_advantages([TIED, MIXED], cfg)
+    std = math.sqrt(1.6 if breaks_ties else 1.2)
+    r3 = math.sqrt(3)
+    tied = [-1 / std, 0.0, 1 / std] if breaks_ties else [0.0, 0.0, 0.0]
+    # atol: step_advantages keeps eps = 1e-6, against TIED's content std of alpha * 0.4 = 0.002
+    torch.testing.assert_close(out.advantages, torch.tensor([tied, [0.0, -r3 / std, r3 / std]], dtype=torch.float64),
+                               atol=1e-3, rtol=0)
+    assert out.num_zero_signal_groups == (0 if breaks_ties else 1)

@@ -161,12 +161,14 @@ def test_runtime_env_uploads_only_code(tmp_path):
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     for junk in (".venv/lib/python3.11/site-packages/torch/lib.so", "runs/default/grpo/hf/model.safetensors",
                  "runs/default/metrics_grpo.jsonl", "wandb/run-1/files.bin", "models/tiny/model.safetensors",
-                 "benchmarks/results/cpu/tmp/x.json", "experiments/results/cpu/t/predictions.jsonl.gz", ".git/objects/ab/cdef", "shop_r1/__pycache__/x.pyc"):
+                 "benchmarks/results/cpu/tmp/x.json",
+                 "experiments/results/cpu/t/predictions.jsonl.gz", ".git/objects/ab/cdef", "shop_r1/__pycache__/x.pyc"):
         (root / junk).parent.mkdir(parents=True, exist_ok=True)
         (root / junk).write_bytes(b"\0" * 1024)
     names = _package(root, tmp_path / "pkg.zip")
     assert "shop_r1/train.py" in names and "configs/demo_cpu.yaml" in names and "pyproject.toml" in names
-    leaked = [n for n in names if n.startswith((".venv/", "runs/", "wandb/", ".git/", "benchmarks/results/", "experiments/results/"))
+    leaked = [n for n in names if n.startswith((".venv/", "runs/", "wandb/", ".git/", "benchmarks/results/",
+                                                           "experiments/results/"))
               or n.endswith((".safetensors", ".pyc"))]
     assert not leaked, leaked
     # The real checkout (with its .venv, a GB of packages) zips to a small upload.
