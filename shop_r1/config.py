@@ -274,6 +274,13 @@ class LearnerConfig:
     pack_sequences: bool = False
     """GRPO micro-batches pack uneven rows (or shared-prompt packs) end to end instead of padding them to the longest
     (shop_r1/algo/packing.py): the same loss and gradients. Needs a 4D-mask attention (eager or sdpa)."""
+    attention: Literal["dense", "flex"] = "dense"
+    """How packed lines (`shared_prompt`, `pack_sequences`) attend: `dense` passes the [n, 1, W, W] mask to the
+    model's attention (SDPA), which computes every pair and masks it; `flex` passes the same mask as a block-sparse
+    FlexAttention BlockMask and switches the model to attn_implementation=flex_attention, so the blocks a
+    completion cannot see (the other completions) are skipped. Same outputs and gradients. CUDA only (a forward on
+    another device is an error naming this key): torch's FlexAttention has no CPU backward, and its compiled CPU
+    forward fails once shapes vary."""
     gradient_checkpointing: bool = False
     grad_clip: float = bounded(1.0, gt=0)
     """Clip the global gradient norm to this."""

@@ -49,15 +49,36 @@ def _packing_saves(attention_mask: torch.Tensor) -> bool:
     return len(first_fit_decreasing(lengths, max(lengths, default=0))) < len(lengths)
 
 
+def _flex_ready(model: Any, device: torch.device) -> None:
+    """Make `model` run FlexAttention (learner.attention=flex), once: the switch is kept, so gradient checkpointing's
+    recomputation and later forwards use the same kernel. Loud where it cannot work. CUDA only: torch's CPU
+    FlexAttention has no backward ("FlexAttention does not support backward on CPU", torch 2.13), and the forward
+    that transformers compiles fails to build once the shapes change (inductor's CPU flex template: "C++ compile
+    error ... cur_kvSplitSize8 was not declared"). A model without transformers' `set_attn_implementation`
+    (learner.backend=fsdp2's wrapper) cannot be switched here."""
+    if device.type != "cuda":
+        raise ValueError(f"learner.attention=flex needs CUDA (here {device.type}): torch's FlexAttention has no CPU "
+                         "backward, and its compiled CPU forward fails once shapes vary; use learner.attention=dense")
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "set_attn_implementation"):
+        raise ValueError(f"learner.attention=flex needs a transformers model to switch to flex_attention, got "
+                         f"{type(model).__name__}; use learner.attention=dense with this backend")
+    if config._attn_implementation != "flex_attention":
+        model.set_attn_implementation("flex_attention")
+
+
 @dataclass(frozen=True)
 class Forward:
     """Forwards on `device`; with `shared_prompt` (learner.shared_prompt) GRPO rows that share a prompt encode it once
     (shop_r1/algo/shared_prompt.py: the same outputs and gradients as the separate rows); with `pack` rows (or packs)
-    are laid end to end instead of padded to the longest (shop_r1/algo/packing.py: the same outputs and gradients)."""
+    are laid end to end instead of padded to the longest (shop_r1/algo/packing.py: the same outputs and gradients).
+    `attention` (learner.attention) is how packed lines attend: `dense`, the [n, 1, W, W] mask through the model's
+    own attention (SDPA), or `flex`, the same mask as a block-sparse BlockMask through FlexAttention."""
 
     device: torch.device
     shared_prompt: bool = False
     pack: bool = False
+    attention: Literal["dense", "flex"] = "dense"
 
     def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                completion_mask: torch.Tensor | None = None) -> Hidden:
@@ -70,8 +91,13 @@ class Forward:
 
             packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
                                          self.pack) if shared else pack_rows(input_ids, attention_mask)
+            if self.attention == "flex":
+                _flex_ready(model, dev)
+                mask = packed.block_mask(dev)
+            else:
+                mask = packed.additive_mask(model.dtype, dev)
             hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
-                                 attention_mask=packed.additive_mask(model.dtype, dev)).last_hidden_state
+                                 attention_mask=mask).last_hidden_state
             return Hidden(hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev))
         hidden = model.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).last_hidden_state
         rows, width = input_ids.shape
