@@ -78,6 +78,7 @@ class PackedRows:
 
         lines, width = seg.shape
         # Compiled on CUDA (transformers does the same): uncompiled, the mask is evaluated as [n, W, W] index tensors.
+        # torch 2.11 warns that `_compile` will go (in favour of torch.compile(create_block_mask)); it still works.
         return create_block_mask(mask_mod, lines, None, width, width, device=device,
                                  _compile=torch.device(device).type == "cuda")
 
