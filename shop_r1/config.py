@@ -348,6 +348,9 @@ class EvalConfig:
     split: Literal["test", "val"] = "test"
     """Which held-out examples the pipeline's evaluations read: `val` (needs `data.val_fraction` > 0) while choosing
     models and settings, `test` once, for the final table."""
+    zero_shot: bool = True
+    """Whether the pipeline evaluates the starting model (Table 2's zero-shot row). A model built from scratch
+    (model.from_scratch) has no zero-shot ability to measure: its row is 0.00 % unparseable answers in every run."""
 
 
 @dataclass
@@ -660,6 +663,13 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
         elif gpus >= 1 and gpus != tp:
             problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an "
                             "engine holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
+    learner = cfg.learner
+    if learner.attention == "flex" and learner.num_gpus_per_rank == 0:
+        problems.append("learner.attention=flex needs GPU ranks (learner.num_gpus_per_rank > 0): torch's FlexAttention "
+                        "has no CPU backward; use learner.attention=dense on CPU")
+    if learner.attention == "flex" and learner.backend == "fsdp2":
+        problems.append("learner.attention=flex runs with learner.backend=deepspeed only (the FSDP2 wrapper cannot "
+                        "switch the model's attention implementation); use learner.attention=dense")
     return problems
 
 

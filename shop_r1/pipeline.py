@@ -221,8 +221,11 @@ def run_pipeline(cfg: Config) -> PipelineResult:
         reports.append(load_report(out["dir"]))
 
     try:
-        with _stage("zero-shot eval", cfg):
-            evaluated("zero-shot eval", k_examples, str(model_dir), "zero_shot", "Zero-shot prompting")
+        if cfg.eval.zero_shot:
+            with _stage("zero-shot eval", cfg):
+                evaluated("zero-shot eval", k_examples, str(model_dir), "zero_shot", "Zero-shot prompting")
+        else:
+            print("zero-shot eval: not run (eval.zero_shot=false)", flush=True)
         with _stage("SFT", cfg):
             k_sft = stage_key("SFT", _config_slice(cfg, "SFT"), [k_examples])
             sft = ledger.run("SFT", k_sft, lambda resume: _sft_outputs(run_sft(

@@ -1,6 +1,7 @@
 """Config: the paper's defaults, YAML + dotted overrides, range checks, and errors that name the key."""
 
 import ast
+import contextlib
 import dataclasses
 import math
 import typing
@@ -254,6 +255,22 @@ def test_the_cross_field_rules_are_one_function():
         "rollout.num_gpus_per_engine=2 must equal rollout.tensor_parallel_size=1: an engine holds one GPU per "
         "tensor-parallel worker (a fraction below 1 shares one card)"]
     assert config_module.cross_field_problems(cfg, bad={"rollout.group_size", "rollout.tensor_parallel_size"}) == []
+
+
+@pytest.mark.parametrize("gpus, backend, named", [
+    (0.0, "deepspeed", ["num_gpus_per_rank > 0"]),
+    (1.0, "fsdp2", ["learner.backend=deepspeed only"]),
+    (0.0, "fsdp2", ["num_gpus_per_rank > 0", "learner.backend=deepspeed only"]),
+    (1.0, "deepspeed", []),
+])
+def test_flex_attention_needs_gpu_ranks_and_the_deepspeed_backend(gpus, backend, named):
+    cfg = Config()
+    cfg.learner.attention, cfg.learner.num_gpus_per_rank, cfg.learner.backend = "flex", gpus, backend
+    problems = config_module.cross_field_problems(cfg)
+    assert len(problems) == len(named)
+    assert all(n in p and "learner.attention=flex" in p for n, p in zip(named, problems))
+    with pytest.raises(ConfigError, match="learner.attention=flex") if named else contextlib.nullcontext():
+        load_config(None, ["learner.attention=flex", f"learner.num_gpus_per_rank={gpus}", f"learner.backend={backend}"])
 
 
 # ---------------------------------------------------------------------------------------------- issue 22: hardening
