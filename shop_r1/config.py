@@ -200,11 +200,6 @@ class ModelConfig:
     """Layers of the from-scratch model."""
     scratch_vocab_size: int = bounded(4096, ge=1)
     """Upper bound: BPE stops when the shop text has no more merges."""
-    scratch_tokenizer: Literal["words", "spans"] = "words"
-    """How the from-scratch tokenizer's BPE may merge: `words`, within the GPT-2 pre-split (words, numbers and
-    punctuation apart; the shop text runs out of merges at ~1,850 tokens); `spans`, across it, so that markup and
-    multi-word product names become single tokens (measured on 200 validation prompts of the profiled shop: 1,012
-    tokens each -> 313 at the same vocabulary bound 4,096, so a sequence costs ~3x fewer positions)."""
 
 
 @dataclass

@@ -41,22 +41,16 @@ def default_corpus(num_sessions: int = 150, seed: int = 0, version: int = 1) -> 
             yield render_action(step.action, step.rationale)
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int, split_words: bool = True):
-    """Byte-level BPE (any text round-trips) with ChatML specials, as a transformers fast tokenizer. `split_words`:
-    merges stay inside the GPT-2 pre-split (words, numbers, punctuation); False lets them span it (markup and
-    multi-word names become tokens; a token is at most 24 bytes) but never a newline, which stays a token of its own:
-    the template's `<|im_start|>assistant\n` then ends the prompt in the same tokens in training and at generation."""
+def train_tokenizer(corpus: Iterable[str], vocab_size: int):
+    """Byte-level BPE (any text round-trips) with ChatML specials, as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False) if split_words else \
-        pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"),  # the chat template's turn boundaries
-                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-                                  **({} if split_words else {"max_token_length": 24}))
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None)
@@ -65,8 +59,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, split_words: bool = 
 
 
 def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, seed: int = 0,
-                     vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2,
-                     split_words: bool = True) -> Path:
+                     vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2) -> Path:
     """Train the tokenizer, initialise the model from `seed`, save both into `out_dir` (replaced atomically).
 
     Defaults: the tests' tiny model. Larger sizes (e.g. 128 x 4 layers, ~1M parameters) make the from-scratch shop
@@ -77,7 +70,7 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, s
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
-    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab_size, split_words)
+    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab_size)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size if hidden_size == 64
         else 3 * hidden_size, num_hidden_layers=num_layers, num_attention_heads=hidden_size // 32,
@@ -95,7 +88,6 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, s
     tokenizer.save_pretrained(tmp)
     (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "vocab_size": len(tokenizer),
                                                         "hidden_size": hidden_size, "num_layers": num_layers,
-                                                        "split_words": split_words,
                                                         "num_parameters": model.num_parameters()}))
     out.parent.mkdir(parents=True, exist_ok=True)
     publish_atomically(tmp, out)  # fsynced, then renamed over any older folder
