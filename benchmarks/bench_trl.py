@@ -31,8 +31,18 @@ once: SmolLM2 at 2 x 4 x ~1.1k tokens needs ~10 GiB or more by our estimate (run
 --scaling-prompt-tokens), --scaling-steps steps per point (default 3: 1 warm-up + 2 timed, indicative), prompts cut
 to exact lengths (common.fixed_length_prompts).
 
+`--repeats R --variants shared_off,prefix_cache_off,trl_vllm`: where the margin comes from. Every side runs R times,
+alternately (trl, its variants, shop_r1, its variants; then again), so load drift hits all alike: shop-r1 with the
+shared-prompt encoding off (`learner.shared_prompt=false`, every completion with its own prompt copy, as TRL) and
+with vLLM's prefix caching off (`rollout.enable_prefix_caching=false`); TRL with its vLLM generation
+(`use_vllm=True, vllm_mode="colocate"`), or the error that stopped it on this machine. Per side: the median over
+repeats of its median step time, the range, and per shop-r1 side its speedup over TRL paired by repeat; the peak RSS
+of every side, and a note when one came within 15 % of the machine's memory.
+
 Run: python benchmarks/bench_trl.py --model smollm2|tiny|DIR [--prompts 2] [--n 4] [--steps 6] [--prompt-tokens 1024]
      python benchmarks/bench_trl.py --scaling --model tiny --prompts 1
+     python benchmarks/bench_trl.py --model tiny --prompt-tokens 1024 --repeats 3 \
+         --variants shared_off,prefix_cache_off,trl_vllm
 """
 
 from __future__ import annotations
@@ -70,6 +80,11 @@ SHOP_R1_STAGES = ("rollout", "reward", "advantages", "update", "weight_sync", "o
 """The `timing/*` stages of a synchronous GRPO step, which sum to `timing/step` (shop_r1/train.py)."""
 STAGE_ORDER = ("generate", "rollout", "reward", "rest", "advantages", "update", "weight_sync", "other")  # both
 SIDE_TIMEOUT_S = 3 * 3600
+VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (side, what it changes)
+    "shared_off": ("shop_r1", ["learner.shared_prompt=false"]),
+    "prefix_cache_off": ("shop_r1", ["rollout.enable_prefix_caching=false"]),
+    "trl_vllm": ("trl", []),  # GRPOConfig(use_vllm=True, vllm_mode="colocate")
+}
 
 
 def all_cores() -> int:
@@ -181,7 +196,8 @@ def side_trl(args: argparse.Namespace) -> dict:
                         max_grad_norm=1.0, beta=BETA, epsilon=EPS, loss_type=TRL_LOSS_TYPE, scale_rewards="group",
                         gradient_checkpointing=False, temperature=TEMPERATURE, shuffle_dataset=False,
                         logging_steps=1, report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0,
-                        disable_dropout=True)
+                        disable_dropout=True,
+                        **({"use_vllm": True, "vllm_mode": "colocate"} if args.variant == "trl_vllm" else {}))
     dataset = Dataset.from_list([{"prompt": p.text, "target": json.dumps(p.target.to_dict())} for p in prompts])
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=shop_r1_reward, args=config, train_dataset=dataset)
@@ -346,7 +362,8 @@ def side_shop_r1(args: argparse.Namespace) -> dict:
     ids = [tuple(tok(p.text, add_special_tokens=False)["input_ids"]) for p in texts]
     run = Path(args.tmp) / "shop_r1"
     context = max(len(i) for i in ids) + args.max_new_tokens
-    cfg = load_config(None, _shop_r1_overrides(args, run, context))
+    extra = VARIANTS[args.variant][1] if args.variant else []
+    cfg = load_config(None, _shop_r1_overrides(args, run, context) + extra)
     prompts = _in_sampler_order([Prompt(example_id=str(i), token_ids=ids[i], target=p.target)
                                  for i, p in enumerate(texts)], args.prompts, cfg.seed)
     log = run / "actor_threads.jsonl"
@@ -407,6 +424,64 @@ def race(args: argparse.Namespace, n: int, prompt_tokens: int, steps: int, tmp: 
             "speedup": theirs["step_s"] / ours["step_s"]}
 
 
+def _side_name(side: str, variant: str) -> str:
+    return f"{side}[{variant}]" if variant else side
+
+
+def race_repeated(args: argparse.Namespace, tmp: str) -> dict:
+    """Every side (TRL, shop-r1 and the --variants) --repeats times, alternately, on the same inputs."""
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"bench_trl: unknown --variants {unknown}; known: {sorted(VARIANTS)}")
+    order = [("trl", "")] + [(VARIANTS[v][0], v) for v in variants if VARIANTS[v][0] == "trl"] + [("shop_r1", "")] \
+        + [(VARIANTS[v][0], v) for v in variants if VARIANTS[v][0] == "shop_r1"]
+    runs: dict[str, list[dict]] = {_side_name(s, v): [] for s, v in order}
+    errors: dict[str, str] = {}
+    for r in range(args.repeats):
+        for side, variant in order:
+            name = _side_name(side, variant)
+            if name in errors:
+                continue
+            work = tempfile.mkdtemp(prefix=f"rep{r}_{side}_{variant or 'base'}_", dir=tmp)
+            child = [__file__, "--model", args.model, "--prompts", str(args.prompts), "--n", str(args.n),
+                     "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens),
+                     "--max-prompt-tokens", str(args.max_prompt_tokens), "--prompt-tokens", str(args.prompt_tokens),
+                     "--threads", str(args.threads), "--tmp", work, "--side", side, "--variant", variant]
+            print(f"[bench_trl] repeat {r + 1}/{args.repeats}: {name}", file=sys.stderr, flush=True)
+            try:
+                env = {"OMP_NUM_THREADS": str(args.threads)}
+                runs[name].append(run_child(child, timeout_s=SIDE_TIMEOUT_S, env=env))
+            except RuntimeError as exc:  # a side that cannot run here (e.g. TRL's vLLM path on CPU) says why
+                errors[name] = str(exc)[-1500:]
+            shutil.rmtree(work, ignore_errors=True)
+    ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    sides, notes = {}, []
+    for name, reps in runs.items():
+        if not reps:
+            continue
+        medians = [x["step_s"] for x in reps]
+        peaks = [x["peak_rss_gib"] if isinstance(x["peak_rss_gib"], (int, float))
+                 else sum(x["peak_rss_gib"].values()) for x in reps]
+        sides[name] = {"step_s": spread(medians), "samples_per_s": spread([x["samples_per_s"] for x in reps]),
+                       "prompt_tokens_per_step": reps[0]["prompt_tokens_per_step"],
+                       "stage_s": reps[-1]["stage_s"], "peak_rss_gib": max(peaks), "repeats": reps}
+        if max(peaks) > 0.85 * ram_gib:
+            notes.append(f"{name} peaked at {max(peaks):.1f} GiB of {ram_gib:.1f} GiB: within 15 % of the memory")
+    speedups = {}
+    if "trl" in sides:
+        base = [x["step_s"] for x in runs["trl"]]
+        for name in sides:
+            if name.startswith("shop_r1"):
+                paired = [b / x["step_s"] for b, x in zip(base, runs[name])]
+                speedups[name] = spread(paired)
+    return {"mode": "race_repeated", "model": args.model, "prompts_per_step": args.prompts, "n": args.n,
+            "steps": args.steps, "warmup_steps": 1, "max_new_tokens": args.max_new_tokens,
+            "prompt_tokens": args.prompt_tokens or None, "threads": args.threads, "repeats": args.repeats,
+            "order": [_side_name(s, v) for s, v in order], "ram_gib": ram_gib,
+            "speedup_over_trl": speedups, "sides": sides, "errors": errors, "memory_notes": notes}
+
+
 def scaling_row(result: dict) -> dict:
     """One point of the scaling table: medians of both sides on the same inputs."""
     t, o = result["trl"], result["shop_r1"]
@@ -457,7 +532,10 @@ def main() -> None:
     parser.add_argument("--scaling-groups", default="4,8,16", help="group sizes, at --scaling-prompt-tokens")
     parser.add_argument("--scaling-prompt-tokens", type=int, default=1024)
     parser.add_argument("--scaling-steps", type=int, default=3, help="steps per point (the first a warm-up)")
+    parser.add_argument("--repeats", type=int, default=1, help="alternating repeats of every side (with --variants)")
+    parser.add_argument("--variants", default="", help=f"comma-separated, of {sorted(VARIANTS)}")
     parser.add_argument("--side", choices=("trl", "shop_r1"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", default="", help=argparse.SUPPRESS)
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
@@ -468,7 +546,12 @@ def main() -> None:
         raise SystemExit("bench_trl: --steps and --scaling-steps must be >= 2 (the first step is a warm-up)")
     tmp = tempfile.mkdtemp(prefix="bench_trl_")
     try:  # the runs' folders (a SmolLM2 run leaves checkpoints of ~2 GB) go once both sides have reported
-        result = scaling(args, tmp) if args.scaling else race(args, args.n, args.prompt_tokens, args.steps, tmp)
+        if args.scaling:
+            result = scaling(args, tmp)
+        elif args.repeats > 1 or args.variants:
+            result = race_repeated(args, tmp)
+        else:
+            result = race(args, args.n, args.prompt_tokens, args.steps, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     emit(result, args.json_out)
