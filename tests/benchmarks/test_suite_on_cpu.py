@@ -202,3 +202,41 @@ def test_quick_suite_run_writes_results(tmp_path):
     with pytest.raises(subprocess.CalledProcessError):
         subprocess.run([sys.executable, str(BENCH / "run_suite.py"), "--only", "nope", "--out", str(out)],
                        check=True, capture_output=True)
+
+
+def test_repeated_race_alternates_sides_pairs_speedups_and_keeps_a_sides_error(monkeypatch, tmp_path):
+    # TRL takes 8, 10, 6 s per repeat; shop-r1 2, 4, 3 s; shared prompts off 4, 5, 6 s; TRL's vLLM path fails.
+    step = {"trl": [8.0, 10.0, 6.0], "shop_r1": [2.0, 4.0, 3.0], "shop_r1[shared_off]": [4.0, 5.0, 6.0]}
+    calls = []
+
+    def fake_child(args, timeout_s, env=None):
+        side, variant = args[args.index("--side") + 1], args[args.index("--variant") + 1]
+        name = f"{side}[{variant}]" if variant else side
+        calls.append(name)
+        if name == "trl[trl_vllm]":
+            raise RuntimeError("benchmark failed (exit 1): vLLM colocate needs CUDA")
+        k = sum(c == name for c in calls) - 1
+        rss = 3.0 if side == "trl" else {"learner": 1.0, "engine": 0.5}
+        return {"step_s": step[name][k], "samples_per_s": 8 / step[name][k], "prompt_tokens_per_step": 2048,
+                "stage_s": {}, "peak_rss_gib": rss}
+
+    monkeypatch.setattr(bench_trl, "run_child", fake_child)
+    args = bench_trl.argparse.Namespace(model="tiny", prompts=2, n=4, steps=3, max_new_tokens=8,
+                                        max_prompt_tokens=100, prompt_tokens=0, threads=2, repeats=3,
+                                        variants="shared_off,trl_vllm")
+    out = bench_trl.race_repeated(args, str(tmp_path))
+    # alternating: every side once per repeat, the failed side tried once only
+    assert calls == ["trl", "trl[trl_vllm]", "shop_r1", "shop_r1[shared_off]"] + ["trl", "shop_r1",
+                                                                                  "shop_r1[shared_off]"] * 2
+    assert set(out["errors"]) == {"trl[trl_vllm]"} and "needs CUDA" in out["errors"]["trl[trl_vllm]"]
+    assert out["sides"]["trl"]["step_s"]["median"] == 8.0 and out["sides"]["shop_r1"]["step_s"]["median"] == 3.0
+    # paired by repeat: 8/2, 10/4, 6/3 -> 4, 2.5, 2 (median 2.5); 8/4, 10/5, 6/6 -> 2, 2, 1 (median 2)
+    assert out["speedup_over_trl"]["shop_r1"]["median"] == 2.5
+    assert out["speedup_over_trl"]["shop_r1[shared_off]"]["median"] == 2.0
+    assert out["sides"]["shop_r1"]["peak_rss_gib"] == 1.5 and out["sides"]["trl"]["peak_rss_gib"] == 3.0
+
+
+def test_repeated_race_refuses_an_unknown_variant(tmp_path):
+    args = bench_trl.argparse.Namespace(variants="no_such", repeats=2)
+    with pytest.raises(SystemExit, match="unknown --variants"):
+        bench_trl.race_repeated(args, str(tmp_path))
