@@ -24,8 +24,12 @@ here is mostly the idle time of the hand-offs (the driver, the reward workers, t
 clusters where rollout engines and learner ranks run on different GPUs: there the overlapped rollout is free, and
 the step time tends to max(rollout, update) instead of their sum.
 
+`--pin ENGINE_CORES:LEARNER_CORES` (e.g. `0:1`): both sides at the same placement, the engine pinned to the first
+list and the learner to the second (rollout.cpu_cores, learner.cpu_cores: disjoint cores, as many threads each,
+passive OpenMP waits), so that overlapped they do not compete for cores; sync then runs each stage on its own cores.
+
 Run: python benchmarks/bench_async.py [--model tiny|smollm2|DIR] [--steps 8] [--prompts 2] [--n 4]
-                                      [--max-new-tokens 40] [--prompt-tokens 1024] [--repeats 2]
+                                      [--max-new-tokens 40] [--prompt-tokens 1024] [--repeats 2] [--pin 0:1]
 """
 
 from __future__ import annotations
@@ -108,7 +112,23 @@ def _overrides(args: argparse.Namespace, run: Path, context: int) -> list[str]:
         # Learner and engine each reserve every core (they take turns when synchronous, compete when overlapped);
         # the cluster advertises room for both plus the reward workers.
         f"learner.num_cpus_per_rank={t}", f"rollout.num_cpus_per_engine={t}", f"ray.num_cpus={2 * t + 2}",
-        "logging.wandb=false", "logging.console_every=0", f"rl.checkpoint_every={10**6}"]
+        "logging.wandb=false", "logging.console_every=0", f"rl.checkpoint_every={10**6}",
+        *_pinning(args.pin)]
+
+
+def _pinning(pin: str) -> list[str]:
+    """--pin ENGINE:LEARNER -> the overrides that pin the engine and the learner to those cores, as many Ray CPUs."""
+    if not pin:
+        return []
+    from shop_r1.config import parse_cpu_cores
+
+    engine, sep, learner = pin.partition(":")
+    if not sep:
+        raise SystemExit(f"bench_async: --pin {pin!r}: expected ENGINE_CORES:LEARNER_CORES, e.g. 0:1")
+    n_engine = len(parse_cpu_cores(engine, "--pin (engine)"))
+    n_learner = len(parse_cpu_cores(learner, "--pin (learner)"))
+    return [f"rollout.cpu_cores={engine}", f"learner.cpu_cores={learner}",
+            f"rollout.num_cpus_per_engine={n_engine}", f"learner.num_cpus_per_rank={n_learner}"]
 
 
 def side(args: argparse.Namespace) -> dict:
@@ -168,6 +188,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=all_cores(), help="Ray CPUs reserved by the engine and by "
                                                                          "the learner each (default: all cores)")
+    parser.add_argument("--pin", default="", help="ENGINE_CORES:LEARNER_CORES, e.g. 0:1 (both sides)")
     parser.add_argument("--side", type=int, choices=tuple(SIDES), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prompts-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", default="", help=argparse.SUPPRESS)
@@ -185,7 +206,7 @@ def main() -> None:
         prompt_tokens = _write_prompts(model, args, tmp / "prompts.pkl")
         child = [__file__, "--model", model, "--prompts-file", str(tmp / "prompts.pkl"), "--steps", str(args.steps),
                  "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens),
-                 "--seed", str(args.seed), "--threads", str(args.threads)]
+                 "--seed", str(args.seed), "--threads", str(args.threads), "--pin", args.pin]
         env = {"OMP_NUM_THREADS": str(args.threads)}
         pairs = []
         for repeat in range(args.repeats):
@@ -202,7 +223,7 @@ def main() -> None:
     result = {"model": args.model, "steps": args.steps, "warmup_steps": WARMUP_STEPS,
               "timed_steps": args.steps - WARMUP_STEPS - 1, "prompts_per_step": args.prompts, "n": args.n,
               "max_new_tokens": args.max_new_tokens, "prompt_tokens": prompt_tokens, "seed": args.seed,
-              "threads": args.threads, "repeats": args.repeats, **compare(pairs),
+              "threads": args.threads, "pin": args.pin or None, "repeats": args.repeats, **compare(pairs),
               "runs": [{"sync": s, "async": a} for s, a in pairs]}
     emit(result, args.json_out)
 

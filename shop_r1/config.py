@@ -229,6 +229,11 @@ class RolloutConfig:
     """The G samples of one prompt share its long page context."""
     num_cpus_per_engine: float = bounded(1.0, ge=0)
     """Ray CPUs reserved per engine."""
+    cpu_cores: str = ""
+    """Pin every engine's process to these CPU cores (Linux list: "0", "0-3", "0,2"; empty: no pinning, Ray's
+    OMP_NUM_THREADS from num_cpus_per_engine): its OpenMP threads number as many, vLLM binds them there
+    (VLLM_CPU_OMP_THREADS_BIND) and they wait passively (OMP_WAIT_POLICY=PASSIVE). With learner.cpu_cores disjoint,
+    one-step-off async overlaps generation and update without the two thread pools spinning on the same cores."""
     num_gpus_per_engine: float = bounded(0.0, ge=0)
     """Set by the GPU configs (= tensor_parallel_size); 0 on CPU."""
     resources: str = ""
@@ -290,6 +295,9 @@ class LearnerConfig:
     """ZeRO CPU offload of optimizer states (GPU memory saver)."""
     num_cpus_per_rank: float = bounded(1.0, ge=0)
     """Ray CPUs reserved per rank."""
+    cpu_cores: str = ""
+    """Pin every rank's process to these CPU cores (as rollout.cpu_cores; OMP_NUM_THREADS = their count, passive
+    OpenMP waits); empty: no pinning."""
     num_gpus_per_rank: float = bounded(0.0, ge=0)
     """Ray GPUs reserved per rank (1 on GPU configs, 0 on CPU)."""
     step_timeout_s: float = bounded(0.0, ge=0)
@@ -646,6 +654,19 @@ def check_ranges(cfg: Config) -> None:
 # rollout.temperature=1 in GRPO, not in `reward score`: train.py's check_sampling_config) stay with that code.
 
 
+def parse_cpu_cores(text: str, key: str) -> tuple[int, ...]:
+    """A Linux CPU list ("0", "0-3", "0,2,5-6") as sorted distinct core ids; "" -> (). A malformed one is a
+    ConfigError naming `key`."""
+    cores: set[int] = set()
+    for part in (p.strip() for p in text.split(",")) if text.strip() else ():
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and (not hi.isdigit() or int(hi) < int(lo))):
+            raise ConfigError(f"{key}={text!r}: expected a CPU list such as \"0\", \"0-3\" or \"0,2\" "
+                              f"(bad part {part!r})")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(cores))
+
+
 def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The broken cross-field rules, one line each; a rule one of whose keys is in `bad` (itself out of range) is
     left out (no modulo by a bad group size)."""
@@ -664,6 +685,16 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
             problems.append(f"rollout.num_gpus_per_engine={gpus:g} must equal rollout.tensor_parallel_size={tp}: an "
                             "engine holds one GPU per tensor-parallel worker (a fraction below 1 shares one card)")
     learner = cfg.learner
+    pinned = {}
+    for key, text in (("rollout.cpu_cores", cfg.rollout.cpu_cores), ("learner.cpu_cores", learner.cpu_cores)):
+        try:
+            pinned[key] = set(parse_cpu_cores(text, key))
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if len(pinned) == 2 and pinned["rollout.cpu_cores"] & pinned["learner.cpu_cores"]:
+        problems.append(f"rollout.cpu_cores={cfg.rollout.cpu_cores!r} and learner.cpu_cores={learner.cpu_cores!r} "
+                        "share cores: pinning is for keeping the engines' and the ranks' threads apart; give them "
+                        "disjoint lists (or leave one empty)")
     if learner.attention == "flex" and learner.num_gpus_per_rank == 0:
         problems.append("learner.attention=flex needs GPU ranks (learner.num_gpus_per_rank > 0): torch's FlexAttention "
                         "has no CPU backward; use learner.attention=dense on CPU")

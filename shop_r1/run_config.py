@@ -26,6 +26,7 @@ resources and timeouts it gets, what the evaluations read:
     learner.step_timeout_s, learner.checkpoint_timeout_s, learner.resources, learner.max_tokens_per_micro_batch,
     learner.shared_prompt and learner.pack_sequences (exactly equal), learner.gradient_checkpointing,
     learner.offload_optimizer, learner.num_cpus_per_rank, learner.attention (the same mask, block-sparse or dense),
+    rollout.cpu_cores, learner.cpu_cores (where the threads run),
     reward_pool.* (workers, CPUs, timeouts, max_failed_fraction)
     rollout.num_gpus_per_engine, learner.num_gpus_per_rank: only while they stay > 0 (or stay 0): 0 <-> > 0 moves
         the engines or ranks between CPU and GPU, which with dtype=auto also changes float32 <-> bfloat16.
@@ -66,7 +67,8 @@ HARMLESS: tuple[str, ...] = (
     "rollout.generate_timeout_s", "rollout.weight_sync_timeout_s", "rollout.resources", "rollout.placement_timeout_s",
     "learner.step_timeout_s", "learner.checkpoint_timeout_s", "learner.resources", "learner.max_tokens_per_micro_batch",
     "learner.shared_prompt", "learner.pack_sequences", "learner.gradient_checkpointing",
-    "learner.offload_optimizer", "learner.num_cpus_per_rank", "learner.attention",
+    "learner.offload_optimizer", "learner.num_cpus_per_rank", "learner.attention", "learner.cpu_cores",
+    "rollout.cpu_cores",
 )
 """Dotted keys (or prefixes ending in ".") whose change on resume leaves the experiment as it was."""
 

@@ -36,6 +36,9 @@ class Resources:
     """Extra environment for this actor (e.g. RANK / MASTER_ADDR for a learner rank)."""
     placement_group: Any = None
     bundle_index: int = -1
+    cpu_cores: tuple[int, ...] = ()
+    """Pin the actor's process to these cores (rollout.cpu_cores, learner.cpu_cores), with as many OpenMP threads,
+    waiting passively; () no pinning. Ray actors only: local mode runs everything in the driver's process."""
     custom: dict[str, float] = field(default_factory=dict)
     """Ray custom resources this actor takes (e.g. {"rollout_node": 0.01}): it is placed only on nodes that offer
     them (config: rollout.resources, learner.resources, reward_pool.resources)."""
@@ -110,6 +113,29 @@ def _with_log_file(cls: type, log_dir: str) -> type:
     return Logged
 
 
+def pinning_env(cores: tuple[int, ...]) -> dict[str, str]:
+    """The environment a process pinned to `cores` starts with: that many OpenMP threads, passive waits (a thread
+    idle between parallel regions sleeps instead of spinning on a core the other stage needs)."""
+    return {"OMP_NUM_THREADS": str(len(cores)), "OMP_WAIT_POLICY": "PASSIVE"} if cores else {}
+
+
+def _pinned(cls: type, cores: tuple[int, ...]) -> type:
+    """`cls`, whose instances first pin their process to `cores` (before any thread pool starts)."""
+
+    class Pinned(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                os.sched_setaffinity(0, cores)
+            except OSError as exc:
+                raise RuntimeError(f"{cls.__name__}: cannot pin to CPU cores {list(cores)} on this node "
+                                   f"(it has {sorted(os.sched_getaffinity(0))}): {exc}; check rollout.cpu_cores / "
+                                   "learner.cpu_cores") from exc
+            super().__init__(*args, **kwargs)
+
+    Pinned.__name__, Pinned.__qualname__ = cls.__name__, cls.__qualname__
+    return Pinned
+
+
 def spawn(cls: type, *args: Any, local: bool, resources: Resources = Resources(), **kwargs: Any) -> Any:
     """Create `cls(*args, **kwargs)` as a Ray actor (or in-process when `local`); its output goes to the actor log
     folder when one is set (`set_actor_log_dir`)."""
@@ -119,9 +145,12 @@ def spawn(cls: type, *args: Any, local: bool, resources: Resources = Resources()
 
     if _ACTOR_LOG_DIR is not None:
         cls = _with_log_file(cls, _ACTOR_LOG_DIR)
+    if resources.cpu_cores:
+        cls = _pinned(cls, resources.cpu_cores)
 
     options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
-                               "runtime_env": {"env_vars": actor_env(resources.env)}}
+                               "runtime_env": {"env_vars": actor_env({**pinning_env(resources.cpu_cores),
+                                                                      **resources.env})}}
     if resources.custom:
         options["resources"] = dict(resources.custom)
     if resources.placement_group is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from shop_r1.config import RolloutConfig, parse_resources
+from shop_r1.config import RolloutConfig, parse_cpu_cores, parse_resources
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, is_actor_death, kill, spawn, wait_first
 from shop_r1.distributed.reward_pool import RewardPool
@@ -75,8 +75,11 @@ class EngineGroup:
         if local and cfg.num_engines != 1:
             raise ValueError(f"rollout.num_engines={cfg.num_engines}: local mode runs exactly one engine in-process "
                              "(vLLM pins this process's threads); use Ray for more")
+        cores = parse_cpu_cores(cfg.cpu_cores, "rollout.cpu_cores")
         resources = Resources(num_cpus=cfg.num_cpus_per_engine, num_gpus=cfg.num_gpus_per_engine,
-                              custom=parse_resources(cfg.resources, "rollout.resources"))
+                              custom=parse_resources(cfg.resources, "rollout.resources"), cpu_cores=cores,
+                              # vLLM's CPU worker binds its OpenMP threads itself: to the same cores
+                              env={"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))} if cores else {})
         self._bundle = {"CPU": resources.num_cpus, "GPU": resources.num_gpus, **resources.custom}
         """One engine's resources: what must fit a live node before an engine is spawned."""
         if not local:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from shop_r1.config import LearnerConfig, LossConfig, parse_resources
+from shop_r1.config import LearnerConfig, LossConfig, parse_cpu_cores, parse_resources
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, kill, spawn
 
@@ -90,7 +90,8 @@ class LearnerGroup:
             env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
                    "WORLD_SIZE": str(cfg.num_ranks), "LOCAL_RANK": "0"}
             res = Resources(num_cpus=cfg.num_cpus_per_rank, num_gpus=cfg.num_gpus_per_rank, env=env,
-                            placement_group=self._pg, bundle_index=rank)
+                            placement_group=self._pg, bundle_index=rank,
+                            cpu_cores=parse_cpu_cores(cfg.cpu_cores, "learner.cpu_cores"))
             self.ranks.append(spawn(learner_cls, model_path, cfg, lr, total_steps, rank=rank,
                                     world_size=cfg.num_ranks, seed=seed, warmup_steps=warmup_steps,
                                     reference_path=reference_path, lr_schedule=lr_schedule, local=False,
