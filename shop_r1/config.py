@@ -654,6 +654,10 @@ def check_ranges(cfg: Config) -> None:
 # rollout.temperature=1 in GRPO, not in `reward score`: train.py's check_sampling_config) stay with that code.
 
 
+CPU_LIST_KEYS = ("rollout.cpu_cores", "learner.cpu_cores")
+"""The fields that take a CPU list (`parse_cpu_cores`); a bare number in YAML is read as a one-core list."""
+
+
 def parse_cpu_cores(text: str, key: str) -> tuple[int, ...]:
     """A Linux CPU list ("0", "0-3", "0,2,5-6") as sorted distinct core ids; "" -> (). A malformed one is a
     ConfigError naming `key`."""
@@ -792,6 +796,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if key in CPU_LIST_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)  # `rollout.cpu_cores=0`: YAML reads a one-core list as a number
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):

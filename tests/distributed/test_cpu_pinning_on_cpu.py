@@ -25,6 +25,11 @@ def test_a_bad_cpu_list_names_the_key(text):
         load_config(None, [f"learner.cpu_cores={text}"])
 
 
+def test_a_one_core_list_given_as_a_number_is_read_as_a_list():
+    cfg = load_config(None, ["rollout.cpu_cores=0", "learner.cpu_cores=1"])
+    assert (cfg.rollout.cpu_cores, cfg.learner.cpu_cores) == ("0", "1")
+
+
 def test_engines_and_ranks_may_not_share_cores():
     cfg = Config()
     cfg.rollout.cpu_cores, cfg.learner.cpu_cores = "0-1", "1"
