@@ -119,6 +119,12 @@ class RewardConfig:
     0 (action_type and attribute unchanged). Off by default: Table 1 pays any name within the ROUGE threshold, names
     on no page and near-misses of a sibling element included (issue 21: 801 for a name not on the page). Needs each
     prompt's `page_names` (shop_r1/reward/click_guard.py). Not applied to a `reward.fn` of your own."""
+    terminate_value: float = bounded(0.0, ge=0, le=1)
+    """A correct `terminate` also earns a value term of terminate_value * DARS (as if it were an exactly matched name).
+    0 (the paper's Table 1): a correct terminate earns only its 0.3 type reward, nothing beside the DARS-scale value
+    of a correct click or query, so under batch-scaled advantages RL learns that stopping is worth nothing and drops
+    the terminate answers (issue 21). 1 pays every exactly right action alike, as the evaluation's exact match does.
+    Not applied to `action_reward=binary` (already equal) or to a `reward.fn` of your own."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
     fn: str = ""
     """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,

@@ -10,6 +10,7 @@ def test_defaults_are_the_papers_and_validation_is_off():
     assert cfg.rl.scale_rewards == "group"
     assert cfg.rl.self_certainty_breaks_ties is True
     assert cfg.reward.click_guard is False
+    assert cfg.reward.terminate_value == 0.0
     assert (cfg.rl.val_every, cfg.rl.val_examples) == (0, 64)
 
 
@@ -35,6 +36,7 @@ def test_wrong_values_name_the_key(override, named):
 @pytest.mark.parametrize("override, message", [
     ("rl.val_every=-1", "rl.val_every=-1 is out of range: allowed >= 0"),
     ("rl.val_examples=0", "rl.val_examples=0 is out of range: allowed >= 1"),
+    ("reward.terminate_value=1.5", "reward.terminate_value=1.5 is out of range"),
 ])
 def test_ranges(override, message):
     with pytest.raises(ConfigError) as err:

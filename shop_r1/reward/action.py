@@ -3,6 +3,7 @@
     action type  terminate | click | type_and_submit : +0.3 when the predicted type equals the target's
     attribute    click: +0.2 if name != ""            type_and_submit: +0.1 if name != "", +0.1 if text != ""
     value        click: + DARS * ROUGE-L(name)        type_and_submit: + 0.1 * ROUGE-L(name) + DARS * ROUGE-L(text)
+                 terminate: + reward.terminate_value * DARS (0 in the paper; not in Table 1)
 
 A value term counts only when its ROUGE-L >= the threshold (0.75 in the paper). A wrong type earns nothing here.
 "Non-empty" is judged after stripping whitespace, so a blank name earns no attribute reward.
@@ -94,4 +95,4 @@ def action_reward(pred: Action, target: Action, cfg: RewardConfig,
         value = TYPE_NAME_VALUE_WEIGHT * _thresholded(rouge_l(pred.name, target.name), cfg.rouge_threshold) + \
             dars * _thresholded(rouge_l(pred.text, target.text), cfg.rouge_threshold)
         return ActionReward(ACTION_TYPE_REWARD, attribute, value)
-    return ActionReward(action_type=ACTION_TYPE_REWARD)
+    return ActionReward(action_type=ACTION_TYPE_REWARD, value=cfg.terminate_value * dars)

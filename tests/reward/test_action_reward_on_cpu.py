@@ -97,6 +97,23 @@ def test_dars_factor_is_the_multiplier():
     assert r.value == pytest.approx(7.5)  # 10 * 0.75
 
 
+def test_terminate_value_pays_a_correct_terminate_in_dars_units():
+    cfg = RewardConfig(terminate_value=0.5)  # 0.5 * DARS 1000 = 500
+    right = score_response(respond({"type": "terminate"}), TERM, cfg)
+    assert (right.format, right.action_type, right.attribute, right.value, right.total) == (0.5, 0.3, 0.0, 500.0, 500.8)
+    assert score_response(respond({"type": "terminate"}), CLICK, cfg).total == 0.5  # wrong type: format only
+    # A correct exact click (0.5 + 0.3 + 0.2 + 1000) is unchanged; with terminate_value = 1 both earn the same value.
+    click = score_response(respond({"type": "click", "name": "a.b.c.d"}), CLICK, RewardConfig(terminate_value=1.0))
+    term = score_response(respond({"type": "terminate"}), TERM, RewardConfig(terminate_value=1.0))
+    assert click.value == term.value == 1000.0
+    # Without DARS (reward_scale off) the unit is 1.
+    assert score_response(respond({"type": "terminate"}), TERM,
+                          RewardConfig(terminate_value=0.5, reward_scale=False)).value == 0.5
+    # The binary ablation ignores it: an exact terminate earns what an exact click earns.
+    assert score_response(respond({"type": "terminate"}), TERM,
+                          RewardConfig(terminate_value=1.0, action_reward="binary")).total == 1.5
+
+
 def test_ablation_binary_action_reward():
     cfg = RewardConfig(action_reward="binary")
     exact = score_response(respond({"type": "click", "name": " a.b.c.d "}), CLICK, cfg)
