@@ -28,6 +28,7 @@ Stages and what marks them done (a finished stage is never redone; GRPO resumes 
     sft    WS/sft/hf/done.json          rl     WS/rl/NAME/done.json        eval   WS/eval/NAME/metrics.json
     sft_continued  WS/sft_continued/hf/done.json (after WS/rl/shop_r1: its length is that stage's wall time)
 Stage wall times go to WS/stage_seconds.json. A v2 workspace refuses a config other than the one it was made with.
+`--adopt K=RUN_DIR` seeds workspace K from a finished main-job run of the same config (data, model, SFT, Shop-R1).
 Results: RESULTS/<machine>/<suite>/ results.json, table.md, predictions/ and PNG plots (experiments/summarize.py;
 v2 suites: mean +- SD over the seeds beside each seed's own table). The test split is never used for any choice.
 """
@@ -319,8 +320,107 @@ def open_seed_workspace(base: Config, root: Path, k: int) -> Workspace:
     return Workspace(cfg, ws_root)
 
 
+def _jsonl_rows(path: Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{i}: not JSON ({err})") from None
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+# The pipeline's stage names in its stage_seconds.json -> the workspace's (what `adopt_run` carries over).
+PIPELINE_STAGES = {"SFT": "sft", "GRPO (Shop-R1)": "rl/shop_r1"}
+
+
+def adopt_run(ws: Workspace, run: Path) -> list[str]:
+    """Seed a v2 workspace with a finished main-job run (`shop-r1 pipeline`, run_dir RUN) made with the same config:
+    its data, model, SFT model and Shop-R1 GRPO model become the workspace's stages, with their markers and stage
+    times taken from the run's own records, so a seed's main job is not trained twice. Refused, naming the keys, if
+    the run's config differs in anything that can change a result, and naming the file if a stage is missing. A stage
+    the workspace already has is kept. Returns the stages adopted."""
+    import shutil
+
+    from shop_r1.config import load_config
+
+    run = run.resolve()
+    saved = run / "config.yaml"
+    if not saved.exists():
+        raise ConfigError(f"--adopt {run}: no config.yaml (not a pipeline run folder)")
+    changes = config_changes(load_config(saved), ws.cfg)
+    if changes:
+        raise ConfigError(f"--adopt {run}: made with another config than {ws.root} ({'; '.join(changes)})")
+    need = [run / "data" / "stats.json", run / "model" / "shop_lm" / "shop_r1_model.json",
+            run / "sft" / "hf" / "config.json", run / "grpo" / "hf" / "config.json", run / "stage_seconds.json",
+            run / "metrics_sft.jsonl", run / "metrics_grpo.jsonl"]
+    missing = [str(p) for p in need if not p.exists()]
+    if missing:
+        raise ConfigError(f"--adopt {run}: the run is not finished, missing {', '.join(missing)}")
+    seconds = json.loads((run / "stage_seconds.json").read_text())
+    absent = [k for k in PIPELINE_STAGES if k not in seconds]
+    if absent:
+        raise ConfigError(f"--adopt {run}: stage_seconds.json has no {', '.join(absent)}")
+    adopted = []
+
+    def copy(src: Path, dst: Path) -> None:
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+    if not _done(ws.root / "data" / "stats.json"):
+        for f in sorted((run / "data").iterdir()):
+            if f.name != "stats.json":
+                copy(f, ws.root / "data" / f.name)
+        copy(run / "data" / "stats.json", ws.root / "data" / "stats.json")  # the marker last
+        adopted.append("data")
+    if not (ws.root / "model" / "shop_lm" / "shop_r1_model.json").exists():
+        copy(run / "model" / "shop_lm", ws.root / "model" / "shop_lm")
+        adopted.append("model")
+    if not _done(ws.root / "sft" / "hf" / "done.json"):
+        sft = _jsonl_rows(run / "metrics_sft.jsonl")
+        copy(run / "sft" / "hf", ws.root / "sft" / "hf")
+        _mark(ws.root / "sft" / "hf" / "done.json",
+              {"steps": int(sft[-1]["step"]), "first_loss": sft[0]["sft/loss"], "last_loss": sft[-1]["sft/loss"],
+               "seconds": seconds["SFT"], "adopted_from": str(run)})
+        ws.times["sft"] = seconds["SFT"]
+        adopted.append("sft")
+    rl = ws.root / "rl" / SHOP_R1.name
+    if not _done(rl / "done.json"):
+        grpo = _jsonl_rows(run / "metrics_grpo.jsonl")
+        copy(run / "grpo" / "hf", rl / "grpo" / "hf")
+        for name in ("metrics_grpo.jsonl", "rollouts.jsonl"):
+            if (run / name).exists():
+                copy(run / name, rl / name)
+        _mark(rl / "done.json", {"steps": int(grpo[-1]["step"]), "first_reward": grpo[0].get("reward/total"),
+                                 "last_reward": grpo[-1].get("reward/total"), "seconds": seconds["GRPO (Shop-R1)"],
+                                 "resumed": False, "adopted_from": str(run)})
+        ws.times["rl/shop_r1"] = seconds["GRPO (Shop-R1)"]
+        adopted.append("rl/shop_r1")
+    _mark(ws.root / "stage_seconds.json", ws.times)
+    return adopted
+
+
+def parse_adopt(values: list[str], seeds: tuple[int, ...]) -> dict[int, Path]:
+    """`--adopt K=RUN_DIR ...` -> {K: RUN_DIR}; K must be one of the suite's seeds."""
+    out: dict[int, Path] = {}
+    for v in values:
+        k, sep, path = v.partition("=")
+        if not sep or not k.strip().lstrip("-").isdigit() or not path:
+            raise ConfigError(f"--adopt {v!r}: expected SEED=RUN_DIR, e.g. 31=runs/default")
+        if int(k) not in seeds:
+            raise ConfigError(f"--adopt {v!r}: seed {int(k)} is not among --seeds {list(seeds)}")
+        out[int(k)] = Path(path)
+    return out
+
+
 def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str], seeds: tuple[int, ...],
-                 config: Path = V2_BASE_CONFIG) -> Path:
+                 config: Path = V2_BASE_CONFIG, adopt: dict[int, Path] | None = None) -> Path:
     from shop_r1.distributed.runtime import start_ray
 
     base = v2_base_config(config, overrides)  # read once: editing the file mid-run changes nothing here
@@ -329,7 +429,10 @@ def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str]
     for note in suite.notes:
         print(f"  note: {note}", flush=True)
     workspaces = [open_seed_workspace(base, root, k) for k in seeds]
-    for ws in workspaces:
+    for k, ws in zip(seeds, workspaces):
+        if adopt and k in adopt:
+            print(f"  seed {k}: adopted from {adopt[k]}: {', '.join(adopt_run(ws, adopt[k])) or 'nothing new'}",
+                  flush=True)
         ws.data()
     runtime = start_ray(base.ray)
     try:
@@ -348,6 +451,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help=f"v2 suites: one workspace per seed k (seed=k data.synth_seed=k); default {list(V2_SEEDS)}")
     p.add_argument("--config", default=str(V2_BASE_CONFIG), help="v2 suites: the base config (the main job's)")
+    p.add_argument("--adopt", nargs="+", default=[], metavar="SEED=RUN_DIR",
+                   help="v2 suites: take seed SEED's data, model, SFT and Shop-R1 stages from a finished main-job "
+                        "run of the same config (`bash scripts/run_main.sh seed=K data.synth_seed=K`)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides on top of the suite's base config")
     return p
 
@@ -356,11 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_intermixed_args(argv)
     if args.suite in V2_SUITES:
-        out = run_v2_suite(args.suite, Path(args.root), Path(args.results), args.overrides,
-                           tuple(args.seeds if args.seeds is not None else V2_SEEDS), Path(args.config))
+        seeds = tuple(args.seeds if args.seeds is not None else V2_SEEDS)
+        out = run_v2_suite(args.suite, Path(args.root), Path(args.results), args.overrides, seeds, Path(args.config),
+                           parse_adopt(args.adopt, seeds))
     else:
-        if args.seeds is not None or args.config != str(V2_BASE_CONFIG):
-            p.error("--seeds and --config are for the v2 suites; the others run experiments/configs/base.yaml")
+        if args.seeds is not None or args.config != str(V2_BASE_CONFIG) or args.adopt:
+            p.error("--seeds, --config and --adopt are for the v2 suites; the others run "
+                    "experiments/configs/base.yaml")
         out = run_suite(args.suite, Path(args.root), Path(args.results), args.overrides)
     print(f"results: {out}", flush=True)
     print((out / "table.md").read_text(), flush=True)

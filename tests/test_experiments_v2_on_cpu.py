@@ -104,6 +104,67 @@ def test_command_line():
         run.main(["table2", "--seeds", "1"])  # refused before anything runs
 
 
+def _fake_main_job(run_dir: Path, cfg) -> None:
+    """A finished pipeline run folder as `shop-r1 pipeline` leaves it (the files adopt_run reads)."""
+    save_config(cfg, run_dir / "config.yaml")
+    for f, text in (("data/stats.json", "{}"), ("data/rl_test.jsonl", "t\n"), ("data/sft_train.jsonl", "s\n"),
+                    ("model/shop_lm/shop_r1_model.json", "{}"), ("sft/hf/config.json", "{}"),
+                    ("sft/hf/model.safetensors", "w"), ("grpo/hf/config.json", "{}"), ("rollouts.jsonl", "r\n"),
+                    ("stage_seconds.json", json.dumps({"SFT": 1100.0, "GRPO (Shop-R1)": 150.0, "SFT eval": 30.0})),
+                    ("metrics_sft.jsonl", '{"step": 1, "sft/loss": 7.5}\n{"step": 544, "sft/loss": 0.4}\n'),
+                    ("metrics_grpo.jsonl",
+                     '{"step": 1, "reward/total": 300.0}\n{"step": 100, "reward/total": 500.0}\n')):
+        (run_dir / f).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / f).write_text(text)
+
+
+def test_adopt_a_main_job_run_as_a_seed_workspace(tmp_path, monkeypatch):
+    ws = run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}"), tmp_path, 31)
+    main = tmp_path / "main"
+    _fake_main_job(main, run._with(ws.cfg, [f"run_dir={main}", "logging.wandb=true"]))  # run_dir, logging: not results
+    assert run.adopt_run(ws, main) == ["data", "model", "sft", "rl/shop_r1"]
+    assert (ws.root / "data" / "rl_test.jsonl").read_text() == "t\n"
+    assert (ws.root / "sft" / "hf" / "model.safetensors").read_text() == "w"
+    assert (ws.root / "rl" / "shop_r1" / "grpo" / "hf" / "config.json").exists()
+    assert (ws.root / "rl" / "shop_r1" / "rollouts.jsonl").read_text() == "r\n"
+    sft = json.loads((ws.root / "sft" / "hf" / "done.json").read_text())
+    assert (sft["steps"], sft["first_loss"], sft["last_loss"], sft["seconds"]) == (544, 7.5, 0.4, 1100.0)
+    rl = json.loads((ws.root / "rl" / "shop_r1" / "done.json").read_text())
+    assert (rl["steps"], rl["first_reward"], rl["last_reward"], rl["seconds"], rl["resumed"]) == (100, 300.0, 500.0,
+                                                                                                 150.0, False)
+    assert json.loads((ws.root / "stage_seconds.json").read_text()) == {"sft": 1100.0, "rl/shop_r1": 150.0}
+    # The workspace's stages are now done: the continued-SFT plan reads the adopted times, nothing retrains.
+    assert ws.sft(local=True) == str(ws.root / "sft" / "hf") and ws.rl(suites.SHOP_R1, local=True).endswith("hf")
+    assert run.adopt_run(ws, main) == []  # a stage the workspace has is kept
+
+
+def test_adopt_refuses_another_config_or_an_unfinished_run(tmp_path):
+    ws = run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}"), tmp_path, 31)
+    other = tmp_path / "other"
+    _fake_main_job(other, run._with(ws.cfg, [f"run_dir={other}", "seed=7", "data.synth_seed=7"]))
+    with pytest.raises(ConfigError, match=r"data\.synth_seed: 31 -> 7|data\.synth_seed: 7 -> 31"):
+        run.adopt_run(ws, other)
+    half = tmp_path / "half"
+    _fake_main_job(half, run._with(ws.cfg, [f"run_dir={half}"]))
+    (half / "grpo" / "hf" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="missing .*grpo/hf/config.json"):
+        run.adopt_run(ws, half)
+    assert not (ws.root / "sft" / "hf" / "done.json").exists()  # refused before copying anything
+    (half / "grpo" / "hf" / "config.json").write_text("{}")
+    (half / "metrics_sft.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"metrics_sft\.jsonl:1: not JSON"):
+        run.adopt_run(ws, half)
+
+
+def test_adopt_command_line():
+    assert run.parse_adopt(["31=runs/a", "7=/x/b"], (7, 31)) == {31: Path("runs/a"), 7: Path("/x/b")}
+    for bad, said in (("31", "SEED=RUN_DIR"), ("x=runs/a", "SEED=RUN_DIR"), ("5=runs/a", "not among --seeds")):
+        with pytest.raises(ConfigError, match=said):
+            run.parse_adopt([bad], (7, 31))
+    with pytest.raises(SystemExit):
+        run.main(["table2", "--adopt", "1=runs/a"])  # a v1 suite: refused before anything runs
+
+
 # ---------------------------------------------------------------------------------------------- SFT continued
 
 
