@@ -112,6 +112,9 @@ def v2_suite(name: str, cfg: Config) -> Suite:
     notes: tuple[str, ...] = ()
     if name == "v2_table2":
         rows: tuple[Row, ...] = (ZERO_SHOT, SFT_ROW, SFT_CONTINUED, BINARY_ROW, SHOP_R1)
+        if not cfg.eval.zero_shot:  # the main job's own choice (a from-scratch model writes no JSON untrained)
+            rows = rows[1:]
+            notes += (f"{ZERO_SHOT.label}: left out, the base config has eval.zero_shot=false",)
     elif name == "v2_table4":
         switches = tuple(_switch(cfg, *s) for s in SWITCHES)
         notes = tuple(f"{r.label}: the base config has {key}={measured}, so this row measures the other value"

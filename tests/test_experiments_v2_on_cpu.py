@@ -47,6 +47,10 @@ def test_v2_table2_rows():
     assert _names(suite) == ["zero_shot", "sft", "sft_continued", "sft_rl_binary", "shop_r1"]
     assert [r.model for r in suite.rows] == ["base", "sft", "sft_continued", "rl", "rl"]
     assert suite.workspace == "v2" and suite.notes == ()
+    # The main job's config leaves the zero-shot row out (eval.zero_shot=false): so does the suite, and says so.
+    short = suites.v2_suite("v2_table2", _base("eval.zero_shot=false"))
+    assert _names(short) == ["sft", "sft_continued", "sft_rl_binary", "shop_r1"]
+    assert short.notes == ("Zero-shot (untrained): left out, the base config has eval.zero_shot=false",)
 
 
 def test_v2_table4_measures_each_switch_against_the_base():
