@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from shop_r1.config import LearnerConfig, LossConfig, parse_cpu_cores, parse_resources
+from shop_r1.config import AdvantageConfig, LearnerConfig, LossConfig, parse_cpu_cores, parse_resources
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, kill, spawn
 
 if TYPE_CHECKING:
     from shop_r1.algo.batch import GRPOBatch
+    from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
     from shop_r1.types import GRPOStepStats
 
 PLACEMENT_TIMEOUT_S = 300.0
@@ -115,6 +116,16 @@ class LearnerGroup:
         shares = self._shares(batch)
         refs = [r.grpo_step.remote(share, loss_cfg) for r, share in zip(self.ranks, shares)]
         return self._run(refs, "grpo_step", max(map(_tokens, shares)))
+
+    def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                      adv_cfg: AdvantageConfig) -> list[UpdateWithSelfCertainty]:
+        """Every rank trains on its contiguous share of the whole batch, told where it starts (to place its s(r)
+        among every response's) and given every response's rewards (to compute the advantages)."""
+        shares = self._shares(batch)
+        firsts = [r * batch.num_responses // self.world_size for r in range(self.world_size)]
+        refs = [r.grpo_step_with_self_certainty.remote(share, loss_cfg, rewards, adv_cfg, first)
+                for r, share, first in zip(self.ranks, shares, firsts)]
+        return self._run(refs, "grpo_step_with_self_certainty", max(map(_tokens, shares)))
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
