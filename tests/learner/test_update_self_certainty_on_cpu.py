@@ -1,0 +1,166 @@
+"""reward.self_certainty.source=update_logits against today's path (learner_logits), on the tiny random Qwen2: one
+GRPO step whose own forward gives s(r) gives the same s(r), advantages, zero-signal groups, step figures and
+gradient (plain-torch backend) or updated weights (DeepSpeed ZeRO-2/3 and FSDP2 on CPU) as the extra no-grad forward
+followed by the update of the selected batch. The batch: 3 groups x 2 samples sampled at T = 0.6 (s(r) must come
+from the unscaled logits), one group zero-signal and dropped (rl.drop_zero_signal_groups), several micro-batches,
+a reference that differs from the policy (KL), one-step-off importance weights (sampler logprobs != learner's)."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from shop_r1.algo.batch import GRPOBatch
+from shop_r1.algo.step_rewards import StepRewards, kept_rows, step_advantages
+from shop_r1.config import LearnerConfig, RewardConfig, RLConfig
+from shop_r1.learner.grpo_step import (
+    grpo_update,
+    grpo_update_with_self_certainty,
+    micro_batches,
+    rationale_self_certainty,
+)
+from shop_r1.types import RewardBreakdown
+from tests.algo.test_shared_prompt_on_cpu import _rows
+from tests.learner.test_grpo_step_on_cpu import TorchBackend
+
+TEMPERATURE = 0.6
+INVALID = RewardBreakdown()  # format-invalid: total 0 whatever s(r) is (its s(r) is not applied)
+HIT = RewardBreakdown(format=0.5, action_type=0.3, attribute=0.2, value=1000.0, total=1001.0, format_valid=True)
+TYPE_ONLY = RewardBreakdown(format=0.5, action_type=0.3, total=0.8, format_valid=True)
+# Group 0 ties (both invalid: zero-signal, dropped); group 1's action rewards tie, s(r) breaks the tie (the paper's
+# rule); group 2 differs by its action reward.
+REWARDS = StepRewards(((INVALID, INVALID), (HIT, HIT), (TYPE_ONLY, HIT)), target_types=(0, 0, 1))
+
+
+def _batch() -> GRPOBatch:
+    """3 prompts (7, 11, 5 tokens) x 2 completions; the rationale is each completion but its last 2 tokens (row 4's
+    completion of 2 tokens has none); the engine's logprobs random (one-step-off: not the learner's)."""
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(3, 200, (n,), generator=g).tolist()  # noqa: E731
+    rows = []
+    for prompt_len, completions in ((7, (6, 4)), (11, (5, 7)), (5, (2, 6))):
+        prompt = rand(prompt_len)
+        rows += [(prompt, rand(n)) for n in completions]
+    ids, attn, comp = _rows(rows)
+    rat = comp.clone()
+    for b in range(len(rows)):
+        last = int(comp[b].nonzero().max())
+        rat[b, last - 1:] = 0
+    sampler = torch.where(comp.bool(), -torch.rand(ids.shape, generator=g) * 3, torch.zeros(ids.shape))
+    return GRPOBatch(ids, attn, comp, rat, torch.zeros(len(rows), dtype=torch.float64), sampler,
+                     temperature=TEMPERATURE)
+
+
+RL = RLConfig(kl_beta=0.1, async_level=1, drop_zero_signal_groups=True)
+LOSS = RL.loss_config(max_new_tokens=16)
+ADV = RL.advantage_config(RewardConfig())
+
+
+def todays_path(backend, batch, pack=False):
+    """learner_logits: the extra no-grad forward for s(r), the advantages, the update of the selected rows."""
+    values = rationale_self_certainty(backend, batch, "p_to_u", pack=pack)
+    adv = step_advantages(REWARDS.with_self_certainty(values, ADV.reward), ADV)
+    selected = batch.with_advantages(adv.advantages).select(kept_rows(adv, ADV))
+    return values, adv, grpo_update(backend, selected, LOSS, step=1, pack=pack)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir, tmp_path_factory):
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # a reference that differs from the policy, so the KL term has a value and a gradient
+        for p in reference.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    ref_dir = tmp_path_factory.mktemp("reference")
+    reference.save_pretrained(ref_dir)
+    return policy, reference.requires_grad_(False), ref_dir
+
+
+@pytest.mark.parametrize("shared_prompt, pack, count", [(True, False, 2), (False, False, 3), (True, True, 2)])
+def test_the_update_gives_todays_self_certainty_advantages_and_gradient(models, shared_prompt, pack, count):
+    policy, reference, _ = models
+    batch = _batch()
+    cfg = LearnerConfig(max_tokens_per_micro_batch=40, shared_prompt=shared_prompt, pack_sequences=pack)
+    today, ours = TorchBackend(policy, cfg, reference), TorchBackend(policy, cfg, reference)
+    assert len(micro_batches(ours, batch, pack)) == count  # (shared prompts: group 1 is split over both)
+    values, adv, stats = todays_path(today, batch, pack)
+    out = grpo_update_with_self_certainty(ours, batch, LOSS, REWARDS, ADV, first_row=0, step=1, pack=pack)
+    assert out.updated and out.self_certainty == pytest.approx(values, rel=1e-6, abs=1e-9)
+    assert values[4] == 0.0 and all(v > 0 for i, v in enumerate(values) if i != 4)  # row 4: no rationale token
+    assert out.advantages.zero_signal.tolist() == adv.zero_signal.tolist() == [True, False, False]
+    torch.testing.assert_close(out.advantages.advantages, adv.advantages, rtol=1e-6, atol=1e-9)
+    assert float(adv.advantages[1].abs().min()) > 0.1  # s(r) broke group 1's tie (|A| < 1/sqrt(2): eps)
+    # The same figures: the dropped group's 10 tokens train nothing; KL and the importance weights are real.
+    assert out.stats.num_tokens == stats.num_tokens == 5 + 7 + 2 + 6  # groups 1 and 2's completion tokens
+    for name in ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "sampler_logprob_abs_diff_mean",
+                 "sampler_logprob_abs_diff_max", "is_weight_mean", "is_truncated_fraction"):
+        assert getattr(out.stats, name) == pytest.approx(getattr(stats, name), rel=1e-5, abs=1e-9), name
+    assert stats.kl > 0 and stats.is_weight_mean != 1.0
+    # One optimizer step after every forward, then each micro-batch's backward: the same gradient.
+    assert ours.calls[-1] == "step" and ours.calls.count("step") == 1
+    assert ours.calls[:-1] == ["begin", "backward"] * count
+    (got,), (expected,) = ours.grads, today.grads
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert max(float(g.abs().max()) for g in expected.values()) > 1e-4
+
+
+def test_s_comes_from_the_unscaled_logits_and_the_dropped_rows_train_nothing(models):
+    """Teeth: s(r) at the sampling temperature, or the dropped group trained, would move the numbers compared above."""
+    policy, reference, _ = models
+    batch, cfg = _batch(), LearnerConfig(max_tokens_per_micro_batch=40)
+    ours = grpo_update_with_self_certainty(TorchBackend(policy, cfg, reference), batch, LOSS, REWARDS, ADV, 0, step=1)
+    at_one = rationale_self_certainty(TorchBackend(policy, cfg), dataclasses.replace(batch, temperature=1.0), "p_to_u")
+    assert ours.self_certainty == pytest.approx(at_one, rel=1e-6, abs=1e-9)
+    kept_all = dataclasses.replace(ADV, drop_zero_signal_groups=False)
+    every = grpo_update_with_self_certainty(TorchBackend(policy, cfg, reference), batch, LOSS, REWARDS, kept_all, 0,
+                                            step=1)
+    assert every.stats.num_tokens == ours.stats.num_tokens + 6 + 4  # group 0's completions (6 and 4 tokens)
+
+
+def test_nothing_to_train_skips_the_update_but_returns_s(models):
+    policy, reference, _ = models
+    ties = StepRewards(((INVALID, INVALID), (INVALID, INVALID), (TYPE_ONLY, TYPE_ONLY)), target_types=(0, 0, 1))
+    backend = TorchBackend(policy, LearnerConfig(max_tokens_per_micro_batch=40), reference)
+    no_ties = dataclasses.replace(ADV, self_certainty_breaks_ties=False)  # group 2's s(r) may not break its tie
+    out = grpo_update_with_self_certainty(backend, _batch(), LOSS, ties, no_ties, first_row=0, step=1)
+    assert not out.updated and out.stats.nonfinite == "" and backend.calls == []  # no backward, no step
+    assert out.advantages.zero_signal.tolist() == [True, True, True] and len(out.self_certainty) == 6
+    assert out.self_certainty[5] > 0
+    nan = StepRewards(((INVALID, INVALID), (HIT, HIT), (TYPE_ONLY, dataclasses.replace(HIT, total=float("nan")))),
+                      target_types=(0, 0, 1))
+    out = grpo_update_with_self_certainty(backend, _batch(), LOSS, nan, ADV, first_row=0, step=1)
+    assert not out.updated and out.stats.nonfinite == "reward" and backend.calls == []
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend, zero_stage", [("deepspeed", 2), ("deepspeed", 3), ("fsdp2", 0)])
+def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backend, zero_stage):
+    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.fsdp2_learner import FSDP2Learner
+
+    _, _, ref_dir = models
+    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
+    cfg = LearnerConfig(zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
+    batch = _batch()
+    today = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    before = dict(today.named_weights())
+    values = today.rationale_self_certainty(batch, "p_to_u")
+    adv = step_advantages(REWARDS.with_self_certainty(values, ADV.reward), ADV)
+    stats = today.grpo_step(batch.with_advantages(adv.advantages).select(kept_rows(adv, ADV)), LOSS)
+    expected = dict(today.named_weights())
+    ours = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    out = ours.grpo_step_with_self_certainty(batch, LOSS, REWARDS, ADV, first_row=0)
+    got = dict(ours.named_weights())
+    assert out.updated and ours.step == today.step == 1
+    assert out.self_certainty == pytest.approx(values, rel=1e-6, abs=1e-9)
+    torch.testing.assert_close(out.advantages.advantages, adv.advantages, rtol=1e-6, atol=1e-9)
+    assert out.advantages.zero_signal.tolist() == [True, False, False]
+    assert out.stats.num_tokens == stats.num_tokens
+    assert out.stats.loss == pytest.approx(stats.loss, rel=1e-5, abs=1e-9)
+    assert out.stats.grad_norm == pytest.approx(stats.grad_norm, rel=1e-5)
+    moved = max(float((expected[n] - before[n]).abs().max()) for n in before)
+    diff = max(float((got[n] - expected[n]).abs().max()) for n in expected)
+    assert moved > 5e-4 and diff < 1e-6, (moved, diff)
