@@ -121,7 +121,9 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
             mb = micro[i]
             backend.begin_micro_batch()
             logp = forward.completion_logprobs(policy, mb)
-            loss, mb_sums = _train_micro_batch(backend, mb, logp, old[i], ref[i], cfg, denominator, len(groups))
+            weighted, loss, mb_sums = _micro_batch_loss(backend, mb, logp, old[i], ref[i], cfg, denominator,
+                                                        len(groups))
+            backend.backward(weighted)
             losses.append(loss)
             sums = sums + mb_sums
         done = backend.optimizer_step(losses)
@@ -130,11 +132,12 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
     return _step_stats(backend, sums, grad_norms, causes, cfg, step)
 
 
-def _train_micro_batch(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tensor, old: torch.Tensor | None,
-                       ref: torch.Tensor | None, cfg: LossConfig, denominator: float, num_groups: int
-                       ) -> tuple[float, StepSums]:
-    """One micro-batch's loss from its policy logprobs `logp` (with gradient), backward of its share of the global
-    loss (its loss units / `denominator`), and its figures. `mb.completion_mask` says which tokens train."""
+def _micro_batch_loss(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tensor, old: torch.Tensor | None,
+                      ref: torch.Tensor | None, cfg: LossConfig, denominator: float, num_groups: int
+                      ) -> tuple[torch.Tensor, float, StepSums]:
+    """One micro-batch's share of the global loss (its loss, weighted by its loss units / `denominator`: what to
+    backpropagate), its loss, and its figures, from its policy logprobs `logp` (with gradient).
+    `mb.completion_mask` says which tokens train."""
     mask = mb.completion_mask.to(backend.device)
     old_logp = old if old is not None else logp.detach()
     sampler = mb.sampler_logprobs.to(backend.device, logp.dtype)
@@ -142,13 +145,12 @@ def _train_micro_batch(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tens
     weight_is = truncated_is_weight(old_logp, sampler, cfg.async_is_cap) if cfg.async_is_cap is not None else None
     out = grpo_loss(LossInputs(logp, old_logp, mb.advantages.to(backend.device), mask, ref, weight_is), cfg)
     weight = loss_units(mb.completion_mask, cfg.loss) / denominator if denominator > 0 else 0.0
-    backend.backward(out.loss * weight)
     # The sampling weights' logprobs (`old` when there are several updates, else this pass's, which runs before any
     # update of this batch), against the engine's: the two sides must agree.
     trained = mask.bool()
     diff = (old_logp - sampler)[trained].abs()
     n_tokens = float(mask[:, 1:].sum())
-    return float(out.loss.detach()), StepSums(
+    return out.loss * weight, float(out.loss.detach()), StepSums(
         loss=float(out.loss.detach()) * weight / num_groups, kl=out.kl * n_tokens,
         clipped=out.clip_fraction * n_tokens, ratio=out.ratio_mean * n_tokens, tokens=n_tokens,
         sampler_abs_diff=float(diff.double().sum()),
@@ -183,8 +185,10 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
       3. the totals re-formed and the advantages computed as the driver does (shop_r1/algo/step_rewards.py), so
          every rank holds the same; the rows of dropped zero-signal groups (rl.drop_zero_signal_groups) train no
          token and count in no denominator
-      4. the reference's logprobs, each micro-batch's loss and backward, one optimizer step (as `grpo_update`)
-    Memory: every micro-batch's graph of this rank is alive at once until its backward (step 4), so the peak is the
+      4. the reference's logprobs, each micro-batch's loss (as `grpo_update`), one backward of their sum (the same
+         gradient as a backward each: FSDP2 reshards after a backward, freeing what the other graphs hold), one
+         optimizer step
+    Memory: every micro-batch's graph of this rank is alive at once until the backward (step 4), so the peak is the
     activations of the whole share, not of one micro-batch (gradient checkpointing, learner.gradient_checkpointing,
     keeps that to each layer's input). One mini-batch only (`cfg.num_minibatches` = 1: config.py refuses more).
 
@@ -227,13 +231,15 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
                for mb, t in zip(micro, trained)]
     local = sum(loss_units(t.completion_mask, cfg.loss) for t in trained)                # 4. the update
     denominator = float(backend.all_reduce(torch.tensor([local], dtype=torch.float64))[0])
-    sums, losses = StepSums(), []
-    for i, t in enumerate(trained):
-        backend.begin_micro_batch()  # between backwards: the framework's per-micro-batch bookkeeping
-        loss, mb_sums = _train_micro_batch(backend, t, logps[i], None, ref[i], cfg, denominator, 1)
-        logps[i] = None  # this micro-batch's graph is freed by its backward
+    sums, losses, total = StepSums(), [], None
+    for logp, t, r in zip(logps, trained, ref):
+        weighted, loss, mb_sums = _micro_batch_loss(backend, t, logp, None, r, cfg, denominator, 1)
+        total = weighted if total is None else total + weighted
         losses.append(loss)
         sums = sums + mb_sums
+    del logps
+    backend.begin_micro_batch()  # the framework's bookkeeping before a backward (one here)
+    backend.backward(total)
     done = backend.optimizer_step(losses)
     return UpdateWithSelfCertainty(_step_stats(backend, sums, [done.grad_norm], [done.nonfinite], cfg, step), values,
                                    adv, updated=True)

@@ -97,9 +97,9 @@ def test_the_update_gives_todays_self_certainty_advantages_and_gradient(models, 
                  "sampler_logprob_abs_diff_max", "is_weight_mean", "is_truncated_fraction"):
         assert getattr(out.stats, name) == pytest.approx(getattr(stats, name), rel=1e-5, abs=1e-9), name
     assert stats.kl > 0 and stats.is_weight_mean != 1.0
-    # One optimizer step after every forward, then each micro-batch's backward: the same gradient.
-    assert ours.calls[-1] == "step" and ours.calls.count("step") == 1
-    assert ours.calls[:-1] == ["begin", "backward"] * count
+    # Every forward first, then one backward of the micro-batches' summed losses and one optimizer step: the same
+    # gradient as today's backward per micro-batch.
+    assert ours.calls == ["begin", "backward", "step"]  # one backward of the micro-batches' summed losses
     (got,), (expected,) = ours.grads, today.grads
     assert got.keys() == expected.keys()
     for name, grad in expected.items():
@@ -161,6 +161,9 @@ def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backen
     assert out.stats.num_tokens == stats.num_tokens
     assert out.stats.loss == pytest.approx(stats.loss, rel=1e-5, abs=1e-9)
     assert out.stats.grad_norm == pytest.approx(stats.grad_norm, rel=1e-5)
+    # Adam's first step moves a weight by lr * g / (|g| + 1e-8): where |g| ~ 1e-8 the summation order of the two
+    # splits (the selected rows, or every row with the dropped ones masked) shows, up to ~1% of lr (1.1e-5 measured
+    # on ZeRO-2). A lost micro-batch, a trained dropped group or another advantage flips signs: 2 x lr = 2e-3.
     moved = max(float((expected[n] - before[n]).abs().max()) for n in before)
     diff = max(float((got[n] - expected[n]).abs().max()) for n in expected)
-    assert moved > 5e-4 and diff < 1e-6, (moved, diff)
+    assert moved > 9e-4 and diff < 2e-5, (moved, diff)
