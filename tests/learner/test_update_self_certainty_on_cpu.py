@@ -5,7 +5,9 @@ followed by the update of the selected batch. The batch: 3 groups x 2 samples sa
 from the unscaled logits), one group zero-signal and dropped (rl.drop_zero_signal_groups), several micro-batches,
 a reference that differs from the policy (KL), one-step-off importance weights (sampler logprobs != learner's)."""
 
+import copy
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -167,3 +169,57 @@ def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backen
     moved = max(float((expected[n] - before[n]).abs().max()) for n in before)
     diff = max(float((got[n] - expected[n]).abs().max()) for n in expected)
     assert moved > 9e-4 and diff < 2e-5, (moved, diff)
+
+
+class _Exchange:
+    """All-reduce between in-process ranks running in threads."""
+
+    def __init__(self, n):
+        self.barrier, self.slots = threading.Barrier(n), [None] * n
+
+    def all_reduce(self, rank, values, op):
+        self.slots[rank] = values.clone()
+        self.barrier.wait()
+        stacked = torch.stack(self.slots)
+        out = stacked.sum(dim=0) if op == "sum" else stacked.max(dim=0).values
+        self.barrier.wait()
+        return out
+
+
+class _Rank(TorchBackend):
+    def __init__(self, model, cfg, reference, rank, exchange):
+        super().__init__(model, cfg, reference)
+        self.rank, self.world_size, self.exchange = rank, 2, exchange
+
+    def all_reduce(self, values, op="sum"):
+        return self.exchange.all_reduce(self.rank, values, op)
+
+
+def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models):
+    """Rows 0-2 on rank 0 and 3-5 on rank 1 (group 1 split between them, as LearnerGroup._shares splits): every rank
+    holds every response's s(r) and the same advantages, and the ranks' gradients sum to the one rank's."""
+    policy, reference, _ = models
+    batch, cfg = _batch(), LearnerConfig(max_tokens_per_micro_batch=40)
+    one = TorchBackend(policy, cfg, reference)
+    whole = grpo_update_with_self_certainty(one, batch, LOSS, REWARDS, ADV, first_row=0, step=1)
+    exchange, outs = _Exchange(2), [None, None]
+    ranks = [_Rank(copy.deepcopy(policy), cfg, reference, r, exchange) for r in range(2)]
+
+    def run(r):
+        outs[r] = grpo_update_with_self_certainty(ranks[r], batch.select(range(3 * r, 3 * r + 3)), LOSS, REWARDS,
+                                                  ADV, first_row=3 * r, step=1)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for out in outs:
+        assert out.updated and out.self_certainty == pytest.approx(whole.self_certainty, rel=1e-6, abs=1e-9)
+        torch.testing.assert_close(out.advantages.advantages, whole.advantages.advantages, rtol=1e-6, atol=1e-9)
+        assert out.stats.num_tokens == whole.stats.num_tokens
+        assert out.stats.loss == pytest.approx(whole.stats.loss, rel=1e-5)  # (TorchBackend: the rank's own norm)
+    (expected,) = one.grads
+    for name, grad in expected.items():
+        torch.testing.assert_close(ranks[0].grads[0][name] + ranks[1].grads[0][name], grad, rtol=1e-4, atol=1e-7,
+                                   msg=name)
