@@ -223,3 +223,32 @@ def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models):
     for name, grad in expected.items():
         torch.testing.assert_close(ranks[0].grads[0][name] + ranks[1].grads[0][name], grad, rtol=1e-4, atol=1e-7,
                                    msg=name)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend, zero_stage", [("deepspeed", 3), ("fsdp2", 0)])
+def test_a_skipped_step_leaves_the_learner_as_it_was_and_the_next_one_trains(models, tiny_model_dir, backend,
+                                                                             zero_stage):
+    """Forwards with gradient and no backward (nothing to train): under ZeRO-3 and FSDP2 the next step still runs
+    and trains exactly as a fresh learner's first step."""
+    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.fsdp2_learner import FSDP2Learner
+
+    _, _, ref_dir = models
+    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
+    cfg = LearnerConfig(zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
+    ties = StepRewards(((INVALID, INVALID), (INVALID, INVALID), (INVALID, INVALID)), target_types=(0, 0, 1))
+    skipped = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    before = dict(skipped.named_weights())
+    out = skipped.grpo_step_with_self_certainty(_batch(), LOSS, ties, ADV, first_row=0)
+    assert not out.updated and skipped.step == 0 and out.stats.nonfinite == ""
+    after_skip = dict(skipped.named_weights())
+    assert all(torch.equal(after_skip[n], before[n]) for n in before)
+    trained = skipped.grpo_step_with_self_certainty(_batch(), LOSS, REWARDS, ADV, first_row=0)
+    fresh = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    expected = fresh.grpo_step_with_self_certainty(_batch(), LOSS, REWARDS, ADV, first_row=0)
+    assert trained.updated and skipped.step == 1
+    assert trained.stats.loss == pytest.approx(expected.stats.loss, rel=1e-6)
+    assert trained.stats.grad_norm == pytest.approx(expected.stats.grad_norm, rel=1e-6)
+    got, want = dict(skipped.named_weights()), dict(fresh.named_weights())
+    assert max(float((got[n] - want[n]).abs().max()) for n in want) < 2e-5
