@@ -94,9 +94,12 @@ class SelfCertaintyConfig:
     takes the step's whole batch, computes s(r) from its (unscaled) logits, the advantages from the re-formed totals
     with the driver's own function (shop_r1/algo/step_rewards.py), then the loss. Costs memory: all of a rank's
     micro-batch graphs are alive at once (every forward runs before the first backward), so the learner's peak is
-    its whole share's activations, not one micro-batch's. Needs rl.num_minibatches=1 (a later mini-batch's forward
-    follows an optimizer step) and the Shop-R1 reward (reward.fn empty); a plug-in score function given in code
-    trains as today, without s(r).
+    its whole share's activations, not one micro-batch's. It saves the no-grad forward of the rows that train, but
+    the backward runs through every micro-batch that holds one, rows of dropped zero-signal groups included: with
+    rl.drop_zero_signal_groups and many such groups it can cost more than learner_logits. Needs
+    rl.num_minibatches=1 (a later mini-batch's forward follows an optimizer step) and the Shop-R1 reward (reward.fn
+    empty); a plug-in score function given in code trains as under learner_logits, without s(r). One-step-off
+    (rl.async_level=1) is fine: the update's forward runs at the weights the extra forward would have.
     `topk_logprobs`: estimated from the top-k logprobs the rollout engine returns (a lower bound on KL(p||U)); the
     engines return the *sampling* distribution's logprobs, so it needs rollout.temperature = 1."""
     direction: Literal["p_to_u", "u_to_p"] = "p_to_u"

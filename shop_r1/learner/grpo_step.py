@@ -188,6 +188,10 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
       4. the reference's logprobs, each micro-batch's loss (as `grpo_update`), one backward of their sum (the same
          gradient as a backward each: FSDP2 reshards after a backward, freeing what the other graphs hold), one
          optimizer step
+    Cost: against `rationale_self_certainty`'s no-grad forward of every row then `grpo_update` of the kept rows,
+    this saves that forward of the kept rows but runs the backward through every micro-batch holding a kept row,
+    dropped rows included (a micro-batch of dropped rows only is let go): with rl.drop_zero_signal_groups and many
+    zero-signal groups it can cost more than it saves.
     Memory: every micro-batch's graph of this rank is alive at once until the backward (step 4), so the peak is the
     activations of the whole share, not of one micro-batch (gradient checkpointing, learner.gradient_checkpointing,
     keeps that to each layer's input). One mini-batch only (`cfg.num_minibatches` = 1: config.py refuses more).
@@ -231,15 +235,18 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
                for mb, t in zip(micro, trained)]
     local = sum(loss_units(t.completion_mask, cfg.loss) for t in trained)                # 4. the update
     denominator = float(backend.all_reduce(torch.tensor([local], dtype=torch.float64))[0])
-    sums, losses, total = StepSums(), [], None
+    sums, losses, parts = StepSums(), [], []
     for logp, t, r in zip(logps, trained, ref):
         weighted, loss, mb_sums = _micro_batch_loss(backend, t, logp, None, r, cfg, denominator, 1)
-        total = weighted if total is None else total + weighted
+        parts.append((weighted, bool(int(t.completion_mask.sum()))))
         losses.append(loss)
         sums = sums + mb_sums
+    # A micro-batch of dropped (or padding) rows only adds 0: its graph is let go, no backward runs through it (one
+    # joins where none trains on this rank: every rank makes the backward, a collective under ZeRO-3 and FSDP2).
+    parts = [w for w, trains in parts if trains] or [parts[0][0]]
     del logps
     backend.begin_micro_batch()  # the framework's bookkeeping before a backward (one here)
-    backend.backward(total)
+    backend.backward(sum(parts[1:], parts[0]))
     done = backend.optimizer_step(losses)
     return UpdateWithSelfCertainty(_step_stats(backend, sums, [done.grad_norm], [done.nonfinite], cfg, step), values,
                                    adv, updated=True)

@@ -195,9 +195,11 @@ class _Rank(TorchBackend):
         return self.exchange.all_reduce(self.rank, values, op)
 
 
-def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models):
-    """Rows 0-2 on rank 0 and 3-5 on rank 1 (group 1 split between them, as LearnerGroup._shares splits): every rank
-    holds every response's s(r) and the same advantages, and the ranks' gradients sum to the one rank's."""
+@pytest.mark.parametrize("split", [3, 2])
+def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models, split):
+    """Rows 0-2 on rank 0 and 3-5 on rank 1 (group 1 split between them, as LearnerGroup._shares splits), or rank 0
+    holding only the dropped group 0 (its backward joins with a loss of 0): every rank holds every response's s(r)
+    and the same advantages, and the ranks' gradients sum to the one rank's."""
     policy, reference, _ = models
     batch, cfg = _batch(), LearnerConfig(max_tokens_per_micro_batch=40)
     one = TorchBackend(policy, cfg, reference)
@@ -206,8 +208,9 @@ def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models):
     ranks = [_Rank(copy.deepcopy(policy), cfg, reference, r, exchange) for r in range(2)]
 
     def run(r):
-        outs[r] = grpo_update_with_self_certainty(ranks[r], batch.select(range(3 * r, 3 * r + 3)), LOSS, REWARDS,
-                                                  ADV, first_row=3 * r, step=1)
+        rows = range(split) if r == 0 else range(split, 6)
+        outs[r] = grpo_update_with_self_certainty(ranks[r], batch.select(rows), LOSS, REWARDS, ADV,
+                                                  first_row=rows[0], step=1)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
@@ -220,8 +223,9 @@ def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models):
         assert out.stats.num_tokens == whole.stats.num_tokens
         assert out.stats.loss == pytest.approx(whole.stats.loss, rel=1e-5)  # (TorchBackend: the rank's own norm)
     (expected,) = one.grads
+    assert ranks[0].calls == ranks[1].calls == ["begin", "backward", "step"]
     for name, grad in expected.items():
-        torch.testing.assert_close(ranks[0].grads[0][name] + ranks[1].grads[0][name], grad, rtol=1e-4, atol=1e-7,
+        torch.testing.assert_close(ranks[0].grads[0].get(name, 0) + ranks[1].grads[0][name], grad, rtol=1e-4, atol=1e-7,
                                    msg=name)
 
 
