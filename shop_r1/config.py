@@ -93,7 +93,7 @@ class SelfCertaintyConfig:
     every micro-batch's forward runs before any optimizer step, at the same weights): no extra forward. The learner
     takes the step's whole batch, computes s(r) from its (unscaled) logits, the advantages from the re-formed totals
     with the driver's own function (shop_r1/algo/step_rewards.py), then the loss. Costs memory: all of a rank's
-    micro-batch graphs are alive at once (every forward runs before the first backward), so the learner's peak is
+    micro-batch graphs are alive at once (every forward runs before the one backward), so the learner's peak is
     its whole share's activations, not one micro-batch's. It saves the no-grad forward of the rows that train, but
     the backward runs through every micro-batch that holds one, rows of dropped zero-signal groups included: with
     rl.drop_zero_signal_groups and many such groups it can cost more than learner_logits. Needs
