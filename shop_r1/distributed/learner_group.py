@@ -121,8 +121,7 @@ class LearnerGroup:
                                       adv_cfg: AdvantageConfig) -> list[UpdateWithSelfCertainty]:
         """Every rank trains on its contiguous share of the whole batch, told where it starts (to place its s(r)
         among every response's) and given every response's rewards (to compute the advantages)."""
-        shares = self._shares(batch)
-        firsts = [r * batch.num_responses // self.world_size for r in range(self.world_size)]
+        shares, firsts = self._shares(batch), self._bounds(batch.num_responses)[:-1]
         refs = [r.grpo_step_with_self_certainty.remote(share, loss_cfg, rewards, adv_cfg, first)
                 for r, share, first in zip(self.ranks, shares, firsts)]
         return self._run(refs, "grpo_step_with_self_certainty", max(map(_tokens, shares)))
@@ -137,13 +136,16 @@ class LearnerGroup:
         return [v for values in self._run(refs, "rationale_self_certainty", max(map(_tokens, shares)))
                 for v in values]
 
+    def _bounds(self, n: int) -> list[int]:
+        """Rank r's rows of n are [bounds[r], bounds[r + 1]) = [r n / K, (r + 1) n / K): contiguous, even."""
+        return [r * n // self.world_size for r in range(self.world_size + 1)]
+
     def _shares(self, batch: GRPOBatch) -> list[GRPOBatch]:
         """Rank r's contiguous share of the responses: rows [r n / K, (r + 1) n / K) (K = 1: the batch itself)."""
         if self.world_size == 1:
             return [batch]
-        n = batch.num_responses
-        return [batch.select(range(r * n // self.world_size, (r + 1) * n // self.world_size))
-                for r in range(self.world_size)]
+        bounds = self._bounds(batch.num_responses)
+        return [batch.select(range(bounds[r], bounds[r + 1])) for r in range(self.world_size)]
 
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
         """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""

@@ -7,6 +7,7 @@ a reference that differs from the policy (KL), one-step-off importance weights (
 
 import copy
 import dataclasses
+import pickle
 import threading
 
 import pytest
@@ -256,3 +257,27 @@ def test_a_skipped_step_leaves_the_learner_as_it_was_and_the_next_one_trains(mod
     assert trained.stats.grad_norm == pytest.approx(expected.stats.grad_norm, rel=1e-6)
     got, want = dict(skipped.named_weights()), dict(fresh.named_weights())
     assert max(float((got[n] - want[n]).abs().max()) for n in want) < 2e-5
+
+
+@pytest.mark.timeout(600)
+def test_the_learner_group_sends_the_whole_batch_and_every_response_s_rewards(models, tiny_model_dir):
+    """The group the driver calls (local mode: one in-process rank), its arguments through pickle as Ray sends them;
+    and the rows each of K ranks gets start where its share starts."""
+    from shop_r1.distributed.learner_group import LearnerGroup
+
+    _, _, ref_dir = models
+    cfg = LearnerConfig(grad_clip=1e9, max_tokens_per_micro_batch=40)
+    group = LearnerGroup(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, seed=0, local=True,
+                         reference_path=str(ref_dir))
+    try:
+        values = group.rationale_self_certainty(_batch(), "p_to_u")
+        (out,) = group.grpo_step_with_self_certainty(*pickle.loads(pickle.dumps((_batch(), LOSS, REWARDS, ADV))))
+    finally:
+        group.shutdown()
+    assert out.updated and out.self_certainty == pytest.approx(values, rel=1e-6, abs=1e-9)
+    assert out.advantages.zero_signal.tolist() == [True, False, False]
+    group.world_size = 4
+    shares, firsts = group._shares(_batch()), group._bounds(6)[:-1]
+    assert firsts == [0, 1, 3, 4] and [s.num_responses for s in shares] == [1, 2, 1, 2]
+    assert all(torch.equal(s.input_ids, _batch().select(range(f, f + s.num_responses)).input_ids)
+               for s, f in zip(shares, firsts))
