@@ -7,6 +7,9 @@
        of the global loss; then one optimizer step
     -> the step's figures, summed over every rank's tokens (`StepSums`), as GRPOStepStats
 
+`grpo_update_with_self_certainty` (reward.self_certainty.source=update_logits) is the same update of the step's whole
+batch whose forwards also give s(r) and, from it, the advantages (every forward first, then one backward).
+
 Loss scaling: a micro-batch's loss is a mean over its own `loss_units` (tokens for dapo, else responses); weighted by
 its units / the global batch's (all-reduced), the accumulated gradient over micro-batches and ranks is exactly the
 loss of the global batch (rl.loss) however it was split. The backend's backward sums over ranks.
