@@ -3,7 +3,8 @@
     StepRewards [P][G] RewardBreakdown (+ each group's target type)
         -> with_self_certainty(s)   every response's s(r) replaced, totals re-formed (shop_r1/reward/scorer.py)
         -> step_advantages          group advantages, scaled as rl.scale_rewards says (shop_r1/algo/advantages.py)
-        -> kept_rows                the rows the update trains (rl.drop_zero_signal_groups leaves tied groups out)
+        -> kept_rows                the rows the update trains (rl.drop_zero_signal_groups leaves tied groups out;
+                                    kept_rows_before_self_certainty: the same, before s(r), where s(r) cannot move it)
 
 The driver calls these (shop_r1/train.py); so does the learner where s(r) comes from the update's own forward
 (reward.self_certainty.source=update_logits: shop_r1/learner/grpo_step.py), on every rank, with the same inputs: the
@@ -97,6 +98,16 @@ def kept_rows(adv: GroupAdvantages, cfg: AdvantageConfig) -> list[int]:
     num_prompts, group_size = adv.advantages.shape
     return [p * group_size + i for p in range(num_prompts)
             if not (cfg.drop_zero_signal_groups and adv.zero_signal[p]) for i in range(group_size)]
+
+
+def kept_rows_before_self_certainty(rewards: StepRewards, cfg: AdvantageConfig) -> list[int] | None:
+    """`kept_rows` when s(r) cannot move them, so known before any forward: with rl.self_certainty_breaks_ties=false a
+    group is zero-signal when its action rewards tie (`step_advantages`; under rl.scale_rewards=decoupled too: its
+    components' ties only shape the advantages), whatever any s(r) is. None when s(r) breaks ties (the totals decide).
+    """
+    if cfg.self_certainty_breaks_ties:
+        return None
+    return kept_rows(step_advantages(rewards, cfg), cfg)
 
 
 @dataclass(frozen=True)

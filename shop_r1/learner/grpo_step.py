@@ -8,7 +8,8 @@
     -> the step's figures, summed over every rank's tokens (`StepSums`), as GRPOStepStats
 
 `grpo_update_with_self_certainty` (reward.self_certainty.source=update_logits) is the same update of the step's whole
-batch whose forwards also give s(r) and, from it, the advantages (every forward first, then one backward).
+batch whose forwards also give s(r) and, from it, the advantages (every forward first, then one backward; where
+rl.self_certainty_breaks_ties=false the dropped groups are known first and forward without gradient).
 
 Loss scaling: a micro-batch's loss is a mean over its own `loss_units` (tokens for dapo, else responses); weighted by
 its units / the global batch's (all-reduced), the accumulated gradient over micro-batches and ranks is exactly the
@@ -26,7 +27,13 @@ import torch
 from shop_r1.algo import finite
 from shop_r1.algo.batch import GRPOBatch, micro_batch_rows
 from shop_r1.algo.grpo_loss import LossInputs, grpo_loss, loss_units, truncated_is_weight
-from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty, kept_rows, step_advantages
+from shop_r1.algo.step_rewards import (
+    StepRewards,
+    UpdateWithSelfCertainty,
+    kept_rows,
+    kept_rows_before_self_certainty,
+    step_advantages,
+)
 from shop_r1.config import AdvantageConfig, LossConfig
 from shop_r1.learner.backend import TrainingBackend
 from shop_r1.learner.forward import Forward
@@ -181,23 +188,29 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
 
     `batch` is this rank's share of the step's *whole* batch (every group, advantages not yet known): rows
     [first_row, first_row + n) of the `rewards` (every response's, [P][G]). On each rank:
-      1. every micro-batch's forward, with gradient, graphs kept; s(r) of each row from the same logits (detached,
-         unscaled: temperature 1; the same numbers as `rationale_self_certainty`'s extra forward, at the same
-         weights: nothing has stepped yet)
+      1. the forwards: s(r) of each row from the logits (detached, unscaled: temperature 1; the same numbers as
+         `rationale_self_certainty`'s extra forward, at the same weights: nothing has stepped yet). Where the rows
+         to train are known before s(r) (rl.self_certainty_breaks_ties=false: `kept_rows_before_self_certainty`),
+         the rows of dropped zero-signal groups (rl.drop_zero_signal_groups) run in micro-batches of their own
+         without gradient (`rationale_self_certainty`), then the kept rows' with gradient, graphs kept; else every
+         micro-batch's forward runs with gradient
       2. every response's s(r) on every rank (a zero-padded [B] vector summed over ranks)
       3. the totals re-formed and the advantages computed as the driver does (shop_r1/algo/step_rewards.py), so
-         every rank holds the same; the rows of dropped zero-signal groups (rl.drop_zero_signal_groups) train no
-         token and count in no denominator
+         every rank holds the same; the rows of dropped groups train no token and count in no denominator
       4. the reference's logprobs, each micro-batch's loss (as `grpo_update`), one backward of their sum (the same
          gradient as a backward each: FSDP2 reshards after a backward, freeing what the other graphs hold), one
          optimizer step
-    Cost: against `rationale_self_certainty`'s no-grad forward of every row then `grpo_update` of the kept rows,
-    this saves that forward of the kept rows but runs the backward through every micro-batch holding a kept row,
-    dropped rows included (a micro-batch of dropped rows only is let go): with rl.drop_zero_signal_groups and many
-    zero-signal groups it can cost more than it saves.
-    Memory: every micro-batch's graph of this rank is alive at once until the backward (step 4), so the peak is the
-    activations of the whole share, not of one micro-batch (gradient checkpointing, learner.gradient_checkpointing,
-    keeps that to each layer's input). One mini-batch only (`cfg.num_minibatches` = 1: config.py refuses more).
+    Cost, against `rationale_self_certainty`'s no-grad forward of every row then `grpo_update` of the kept rows:
+    with rl.self_certainty_breaks_ties=false, a no-grad forward of the dropped rows and the forward, backward and
+    reference of the kept rows: that path less the kept rows' no-grad forward, always cheaper. With it true (s(r)
+    decides which groups tie), every row's forward with gradient, and the backward through every micro-batch that
+    holds a kept row, dropped rows included (a micro-batch of dropped rows only is let go): with
+    rl.drop_zero_signal_groups and many zero-signal groups it can cost more than it saves.
+    Memory: every micro-batch's graph of this rank (the kept rows' only, where they are known first) is alive at
+    once until the backward (step 4), so the peak is the activations of the whole share, not of one micro-batch
+    (gradient checkpointing, learner.gradient_checkpointing, keeps that to each layer's input). One mini-batch only
+    (`cfg.num_minibatches` = 1: config.py refuses more). Under ZeRO-3 and FSDP2 every rank makes as many no-grad
+    and as many grad forwards (`micro_batches` pads each kind), whatever its share holds.
 
     Nothing is trained when no row is left (every group dropped) or a reward or advantage is NaN/inf (that cause is
     in `stats.nonfinite`): every rank sees the same advantages, so every rank skips alike, and `updated` is False.
@@ -207,31 +220,44 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
                          "(rl.num_minibatches; reward.self_certainty.source=update_logits needs 1)")
     direction, normalize = adv_cfg.reward.self_certainty.direction, adv_cfg.reward.self_certainty.normalize_by_vocab
     forward, policy, n = forward_of(backend, pack), backend.policy, batch.num_responses
-    micro = micro_batches(backend, batch, pack)
-    logps, mine = [], []
-    for mb in micro:                                                                      # 1. forwards, s(r)
+    known = kept_rows_before_self_certainty(rewards, adv_cfg)  # the same on every rank (global inputs)
+    known_set = set(range(first_row, first_row + n)) if known is None else set(known)
+    grad_rows = [i for i in range(n) if first_row + i in known_set]
+    mine = [0.0] * n
+    if known is not None:                                               # 1. forwards, s(r): the dropped rows'
+        no_grad_rows = [i for i in range(n) if first_row + i not in known_set]
+        dropped = micro_batches(backend, batch.select(no_grad_rows), pack)
+        with torch.no_grad():
+            for mb, rows in zip(dropped, _rows_of(dropped, no_grad_rows)):
+                for i, s in zip(rows, forward.rationale_self_certainty(policy, mb, direction, normalize)):
+                    mine[i] = s
+    micro = micro_batches(backend, batch.select(grad_rows), pack)       # the rows that may train
+    micro_rows, logps = _rows_of(micro, grad_rows), []
+    for mb, rows in zip(micro, micro_rows):
         logp, certainty = forward.completion_logprobs_and_self_certainty(policy, mb, direction, normalize)
         logps.append(logp)
-        mine.extend(certainty)
+        for i, s in zip(rows, certainty):
+            mine[i] = s
     padded = torch.zeros(rewards.num_responses, dtype=torch.float64)                     # 2. every rank's s(r)
-    padded[first_row:first_row + n] = torch.tensor(mine[:n], dtype=torch.float64)
+    padded[first_row:first_row + n] = torch.tensor(mine, dtype=torch.float64)
     values = backend.all_reduce(padded).tolist()
     reformed = rewards.with_self_certainty(values, adv_cfg.reward)                        # 3. advantages
     adv = step_advantages(reformed, adv_cfg)
     flat, kept = adv.advantages.reshape(-1), set(kept_rows(adv, adv_cfg))
+    if known is not None and kept != known_set:
+        raise RuntimeError(f"the kept rows {sorted(kept)} differ from those known before s(r) {sorted(known)}")
     cause = finite.driver_cause(reformed.totals(), adv.advantages)
     if cause or not kept:  # every rank decides alike (the same global numbers): no backward anywhere
         skipped = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0,
                                 step=step, nonfinite=cause)
         return UpdateWithSelfCertainty(skipped, values, adv, updated=False)
-    trained, start = [], first_row  # each micro-batch as the loss sees it: its advantages, dropped rows masked out
-    for mb in micro:
-        rows = range(start, start + mb.num_responses)  # consecutive rows (micro_batches); past n: padding rows
-        keep = torch.tensor([r - first_row < n and r in kept for r in rows], dtype=mb.completion_mask.dtype)
-        advantages = torch.tensor([float(flat[r]) if r - first_row < n else 0.0 for r in rows], dtype=torch.float64)
+    trained = []  # each micro-batch as the loss sees it: its advantages, dropped (and padding) rows masked out
+    for mb, rows in zip(micro, micro_rows):
+        pad = [0.0] * (mb.num_responses - len(rows))
+        keep = torch.tensor([float(first_row + i in kept) for i in rows] + pad, dtype=mb.completion_mask.dtype)
+        advantages = torch.tensor([float(flat[first_row + i]) for i in rows] + pad, dtype=torch.float64)
         trained.append(dataclasses.replace(mb, completion_mask=mb.completion_mask * keep.unsqueeze(1),
                                            advantages=advantages))
-        start += mb.num_responses
     with torch.no_grad():  # the reference is replicated on every rank (no collective): only where a token trains
         ref = [forward.completion_logprobs(backend.reference, mb)
                if backend.reference is not None and int(t.completion_mask.sum()) else None
@@ -253,6 +279,15 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
     done = backend.optimizer_step(losses)
     return UpdateWithSelfCertainty(_step_stats(backend, sums, [done.grad_norm], [done.nonfinite], cfg, step), values,
                                    adv, updated=True)
+
+
+def _rows_of(micro: list[GRPOBatch], rows: list[int]) -> list[list[int]]:
+    """Each of `micro_batches`' micro-batches' rows (consecutive, taken from `rows`); none for a padding one."""
+    out, start = [], 0
+    for mb in micro:
+        out.append(rows[start:start + mb.num_responses])
+        start += mb.num_responses
+    return out
 
 
 @torch.no_grad()
