@@ -34,6 +34,9 @@ TYPE_ONLY = RewardBreakdown(format=0.5, action_type=0.3, total=0.8, format_valid
 # Group 0 ties (both invalid: zero-signal, dropped); group 1's action rewards tie, s(r) breaks the tie (the paper's
 # rule); group 2 differs by its action reward.
 REWARDS = StepRewards(((INVALID, INVALID), (HIT, HIT), (TYPE_ONLY, HIT)), target_types=(0, 0, 1))
+# With rl.self_certainty_breaks_ties=false: group 0's action rewards tie (dropped, known before s(r); format-valid,
+# so its s(r) still moves its totals, which rl.scale_rewards=batch's std reads); groups 1 and 2 differ and train.
+SPLIT = StepRewards(((HIT, HIT), (TYPE_ONLY, HIT), (HIT, TYPE_ONLY)), target_types=(0, 0, 1))
 
 
 def _batch() -> GRPOBatch:
@@ -58,13 +61,14 @@ def _batch() -> GRPOBatch:
 RL = RLConfig(kl_beta=0.1, async_level=1, drop_zero_signal_groups=True)
 LOSS = RL.loss_config(max_new_tokens=16)
 ADV = RL.advantage_config(RewardConfig())
+NO_TIES = dataclasses.replace(ADV, self_certainty_breaks_ties=False)
 
 
-def todays_path(backend, batch, pack=False):
+def todays_path(backend, batch, pack=False, rewards=REWARDS, adv_cfg=ADV):
     """learner_logits: the extra no-grad forward for s(r), the advantages, the update of the selected rows."""
     values = rationale_self_certainty(backend, batch, "p_to_u", pack=pack)
-    adv = step_advantages(REWARDS.with_self_certainty(values, ADV.reward), ADV)
-    selected = batch.with_advantages(adv.advantages).select(kept_rows(adv, ADV))
+    adv = step_advantages(rewards.with_self_certainty(values, adv_cfg.reward), adv_cfg)
+    selected = batch.with_advantages(adv.advantages).select(kept_rows(adv, adv_cfg))
     return values, adv, grpo_update(backend, selected, LOSS, step=1, pack=pack)
 
 
@@ -110,6 +114,64 @@ def test_the_update_gives_todays_self_certainty_advantages_and_gradient(models, 
     assert max(float(g.abs().max()) for g in expected.values()) > 1e-4
 
 
+@pytest.mark.parametrize("shared_prompt, pack, scale", [(False, False, "batch"), (True, False, "decoupled"),
+                                                      (True, True, "group")])
+def test_dropped_groups_known_before_s_give_todays_numbers(models, shared_prompt, pack, scale):
+    """rl.self_certainty_breaks_ties=false: group 0 is dropped before any forward; its rows' no-grad micro-batch, then
+    the kept rows' two with gradient give today's s(r) (group 0's moves the batch std), advantages and gradient."""
+    policy, reference, _ = models
+    batch, adv_cfg = _batch(), dataclasses.replace(NO_TIES, scale_rewards=scale)
+    cfg = LearnerConfig(max_tokens_per_micro_batch=40, shared_prompt=shared_prompt, pack_sequences=pack)
+    today, ours = TorchBackend(policy, cfg, reference), TorchBackend(policy, cfg, reference)
+    assert len(micro_batches(ours, batch.select(range(2)), pack)) == 1
+    assert len(micro_batches(ours, batch.select(range(2, 6)), pack)) == 2
+    values, adv, stats = todays_path(today, batch, pack, SPLIT, adv_cfg)
+    out = grpo_update_with_self_certainty(ours, batch, LOSS, SPLIT, adv_cfg, first_row=0, step=1, pack=pack)
+    assert out.updated and out.self_certainty == pytest.approx(values, rel=1e-6, abs=1e-9)
+    assert out.advantages.zero_signal.tolist() == adv.zero_signal.tolist() == [True, False, False]
+    torch.testing.assert_close(out.advantages.advantages, adv.advantages, rtol=1e-6, atol=1e-9)
+    assert out.self_certainty[:2] == values[:2]  # group 0's: the same no-grad forward of the same micro-batch
+    if scale == "batch":  # group 0's s(r) is in the std (alpha * s against totals ~1000: a small move)
+        moved = step_advantages(SPLIT.with_self_certainty([0.0, 0.0, *values[2:]], adv_cfg.reward), adv_cfg)
+        assert float((moved.advantages - adv.advantages).abs().max()) > 1e-9
+    assert out.stats.num_tokens == stats.num_tokens == 5 + 7 + 2 + 6
+    for name in ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "sampler_logprob_abs_diff_mean",
+                 "sampler_logprob_abs_diff_max", "is_weight_mean", "is_truncated_fraction"):
+        assert getattr(out.stats, name) == pytest.approx(getattr(stats, name), rel=1e-5, abs=1e-9), name
+    assert ours.calls == ["begin", "backward", "step"]
+    (got,), (expected,) = ours.grads, today.grads
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("rewards, adv_cfg, dropped_with_grad", [(SPLIT, NO_TIES, False), (REWARDS, ADV, True)])
+def test_the_known_dropped_rows_forward_without_gradient(models, rewards, adv_cfg, dropped_with_grad):
+    """Each forward of the policy's transformer: which groups' rows it ran and whether its output carries a graph.
+    With rl.self_certainty_breaks_ties=false the dropped group 0 runs alone, no graph built; the kept groups' rows run
+    with gradient. Teeth: with it true (s(r) decides) group 0 runs with gradient, as before."""
+    policy, reference, _ = models
+    batch = _batch()
+    prompts = {tuple(batch.input_ids[b, :5].tolist()): b // 2 for b in range(6)}
+    seen = []
+
+    def record(module, args, kwargs, output):
+        groups = {prompts[key] for key in map(tuple, kwargs["input_ids"][:, :5].tolist()) if key in prompts}
+        seen.append((groups, output.last_hidden_state.requires_grad))
+
+    handle = policy.model.register_forward_hook(record, with_kwargs=True)
+    try:
+        out = grpo_update_with_self_certainty(TorchBackend(policy, LearnerConfig(max_tokens_per_micro_batch=40),
+                                                           reference), batch, LOSS, rewards, adv_cfg, 0, step=1)
+    finally:
+        handle.remove()
+    assert out.updated and out.advantages.zero_signal.tolist() == [True, False, False]
+    with_group_0 = [graph for groups, graph in seen if 0 in groups]
+    assert with_group_0 == [dropped_with_grad]  # one micro-batch holds group 0's rows
+    if not dropped_with_grad:
+        assert [(groups, graph) for groups, graph in seen] == [({0}, False), ({1}, True), ({2}, True)]
+
+
 def test_s_comes_from_the_unscaled_logits_and_the_dropped_rows_train_nothing(models):
     """Teeth: s(r) at the sampling temperature, or the dropped group trained, would move the numbers compared above."""
     policy, reference, _ = models
@@ -139,11 +201,16 @@ def test_nothing_to_train_skips_the_update_but_returns_s(models):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend, zero_stage", [("deepspeed", 2), ("deepspeed", 3), ("fsdp2", 0)])
-def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backend, zero_stage):
+@pytest.mark.parametrize("backend, zero_stage, split", [("deepspeed", 2, False), ("deepspeed", 3, False),
+                                                       ("fsdp2", 0, False), ("deepspeed", 2, True),
+                                                       ("deepspeed", 3, True)])
+def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backend, zero_stage, split):
+    """`split`: rl.self_certainty_breaks_ties=false, group 0 dropped before s(r): its rows' no-grad micro-batch, then
+    the kept rows' two with gradient (under ZeRO-3 both kinds of forward gather the partitioned weights)."""
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
     from shop_r1.learner.fsdp2_learner import FSDP2Learner
 
+    rewards, adv_cfg = (SPLIT, NO_TIES) if split else (REWARDS, ADV)
     _, _, ref_dir = models
     learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
     cfg = LearnerConfig(zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
@@ -151,11 +218,11 @@ def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backen
     today = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
     before = dict(today.named_weights())
     values = today.rationale_self_certainty(batch, "p_to_u")
-    adv = step_advantages(REWARDS.with_self_certainty(values, ADV.reward), ADV)
-    stats = today.grpo_step(batch.with_advantages(adv.advantages).select(kept_rows(adv, ADV)), LOSS)
+    adv = step_advantages(rewards.with_self_certainty(values, adv_cfg.reward), adv_cfg)
+    stats = today.grpo_step(batch.with_advantages(adv.advantages).select(kept_rows(adv, adv_cfg)), LOSS)
     expected = dict(today.named_weights())
     ours = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
-    out = ours.grpo_step_with_self_certainty(batch, LOSS, REWARDS, ADV, first_row=0)
+    out = ours.grpo_step_with_self_certainty(batch, LOSS, rewards, adv_cfg, first_row=0)
     got = dict(ours.named_weights())
     assert out.updated and ours.step == today.step == 1
     assert out.self_certainty == pytest.approx(values, rel=1e-6, abs=1e-9)
@@ -196,21 +263,23 @@ class _Rank(TorchBackend):
         return self.exchange.all_reduce(self.rank, values, op)
 
 
-@pytest.mark.parametrize("split", [3, 2])
-def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models, split):
+@pytest.mark.parametrize("split, known", [(3, False), (2, False), (3, True), (2, True)])
+def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models, split, known):
     """Rows 0-2 on rank 0 and 3-5 on rank 1 (group 1 split between them, as LearnerGroup._shares splits), or rank 0
     holding only the dropped group 0 (its backward joins with a loss of 0): every rank holds every response's s(r)
-    and the same advantages, and the ranks' gradients sum to the one rank's."""
+    and the same advantages, and the ranks' gradients sum to the one rank's. `known`: rl.self_certainty_breaks_ties=
+    false, group 0 dropped before s(r) (a rank without dropped or kept rows runs empty micro-batches of that kind)."""
     policy, reference, _ = models
+    rewards, adv_cfg = (SPLIT, NO_TIES) if known else (REWARDS, ADV)
     batch, cfg = _batch(), LearnerConfig(max_tokens_per_micro_batch=40)
     one = TorchBackend(policy, cfg, reference)
-    whole = grpo_update_with_self_certainty(one, batch, LOSS, REWARDS, ADV, first_row=0, step=1)
+    whole = grpo_update_with_self_certainty(one, batch, LOSS, rewards, adv_cfg, first_row=0, step=1)
     exchange, outs = _Exchange(2), [None, None]
     ranks = [_Rank(copy.deepcopy(policy), cfg, reference, r, exchange) for r in range(2)]
 
     def run(r):
         rows = range(split) if r == 0 else range(split, 6)
-        outs[r] = grpo_update_with_self_certainty(ranks[r], batch.select(rows), LOSS, REWARDS, ADV,
+        outs[r] = grpo_update_with_self_certainty(ranks[r], batch.select(rows), LOSS, rewards, adv_cfg,
                                                   first_row=rows[0], step=1)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
