@@ -92,11 +92,15 @@ class SelfCertaintyConfig:
     `update_logits`: the same exact values from the update's own forward (grpo_step.py: grpo_update_with_self_certainty;
     every micro-batch's forward runs before any optimizer step, at the same weights): no extra forward. The learner
     takes the step's whole batch, computes s(r) from its (unscaled) logits, the advantages from the re-formed totals
-    with the driver's own function (shop_r1/algo/step_rewards.py), then the loss. Costs memory: all of a rank's
-    micro-batch graphs are alive at once (every forward runs before the one backward), so the learner's peak is
-    its whole share's activations, not one micro-batch's. It saves the no-grad forward of the rows that train, but
-    the backward runs through every micro-batch that holds one, rows of dropped zero-signal groups included: with
-    rl.drop_zero_signal_groups and many such groups it can cost more than learner_logits. Needs
+    with the driver's own function (shop_r1/algo/step_rewards.py), then the loss. Cost against learner_logits (a
+    no-grad forward of every row, then forward + backward of the kept rows): with rl.self_certainty_breaks_ties=false
+    the dropped zero-signal groups (rl.drop_zero_signal_groups) are known before s(r), so their rows get a no-grad
+    forward of their own and the kept rows the forward + backward: learner_logits less the kept rows' no-grad
+    forward, always cheaper. With it true (s(r) decides which groups tie) every row forwards with gradient and the
+    backward runs through every micro-batch holding a kept row, dropped rows included: with
+    rl.drop_zero_signal_groups and many zero-signal groups it can cost more than learner_logits. Costs memory: all
+    of a rank's micro-batch graphs (of the rows forwarded with gradient) are alive at once (every forward runs before
+    the one backward), so the learner's peak is those rows' activations, not one micro-batch's. Needs
     rl.num_minibatches=1 (a later mini-batch's forward follows an optimizer step) and the Shop-R1 reward (reward.fn
     empty); a plug-in score function given in code trains as under learner_logits, without s(r). One-step-off
     (rl.async_level=1) is fine: the update's forward runs at the weights the extra forward would have.
@@ -450,7 +454,9 @@ class RLConfig:
     differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5
     after group-std scaling). False: a group whose format + action_type + attribute + value all tie is zero-signal
     (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included.
-    A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties."""
+    A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties. With
+    reward.self_certainty.source=update_logits, false also lets the learner know the dropped groups before s(r) and
+    forward their rows without gradient (cheaper than learner_logits; see there)."""
     checkpoint_every: int = bounded(10, ge=1)
     """Save a resumable checkpoint every this many steps (and at the end): what a crash that no restart covers can
     cost. Measured (benchmarks/bench_checkpoint.py, 2-core CPU): SmolLM2-135M's checkpoint (1.6 GB with AdamW

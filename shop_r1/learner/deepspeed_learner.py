@@ -102,7 +102,10 @@ class DeepSpeedLearner:
 
     def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
                                       adv_cfg: AdvantageConfig, first_row: int) -> UpdateWithSelfCertainty:
-        """One GRPO update whose own forward gives s(r) and the advantages (shop_r1/learner/grpo_step.py)."""
+        """One GRPO update whose own forward gives s(r) and the advantages (shop_r1/learner/grpo_step.py). Cost: with
+        rl.self_certainty_breaks_ties=false a no-grad forward of the dropped groups' rows and forward + backward of
+        the kept ones (below learner_logits); with it true a forward with gradient of every row and a backward through
+        every micro-batch holding a kept row (can exceed learner_logits when many groups are dropped)."""
         out = grpo_update_with_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, first_row, step=self.step + 1,
                                               pack=self.cfg.pack_sequences)
         self.step += int(out.updated)

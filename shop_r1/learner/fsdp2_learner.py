@@ -142,7 +142,10 @@ class FSDP2Learner:
     def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
                                       adv_cfg: AdvantageConfig, first_row: int) -> UpdateWithSelfCertainty:
         """One GRPO update whose own forward gives s(r) and the advantages (shop_r1/learner/grpo_step.py); a step it
-        did not train ran forwards without backward, so the units go back to their shards."""
+        did not train ran forwards without backward, so the units go back to their shards. Cost: with
+        rl.self_certainty_breaks_ties=false a no-grad forward of the dropped groups' rows and forward + backward of
+        the kept ones (below learner_logits); with it true a forward with gradient of every row and a backward through
+        every micro-batch holding a kept row (can exceed learner_logits when many groups are dropped)."""
         out = grpo_update_with_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, first_row, step=self.step + 1,
                                               pack=self.cfg.pack_sequences)
         if not out.updated:

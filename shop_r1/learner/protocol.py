@@ -36,7 +36,8 @@ class Learner(Protocol):
         """reward.self_certainty.source=update_logits: one GRPO update on this rank's share of the step's whole
         batch (rows first_row.. of `rewards`, advantages not yet known), whose own forward gives every response's
         s(r); the advantages computed from them as the driver would (every rank the same). Figures over the global
-        batch; the learner's step counts only an update that ran (`updated`)."""
+        batch; the learner's step counts only an update that ran (`updated`). Where rl.self_certainty_breaks_ties=
+        false the dropped groups are known first and forward without gradient (grpo_step.py states the cost)."""
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:

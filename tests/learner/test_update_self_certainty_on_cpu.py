@@ -203,7 +203,7 @@ def test_nothing_to_train_skips_the_update_but_returns_s(models):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend, zero_stage, split", [("deepspeed", 2, False), ("deepspeed", 3, False),
                                                        ("fsdp2", 0, False), ("deepspeed", 2, True),
-                                                       ("deepspeed", 3, True)])
+                                                       ("deepspeed", 3, True), ("fsdp2", 0, True)])
 def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backend, zero_stage, split):
     """`split`: rl.self_certainty_breaks_ties=false, group 0 dropped before s(r): its rows' no-grad micro-batch, then
     the kept rows' two with gradient (under ZeRO-3 both kinds of forward gather the partitioned weights)."""
@@ -300,11 +300,13 @@ def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models, spl
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend, zero_stage", [("deepspeed", 3), ("fsdp2", 0)])
+@pytest.mark.parametrize("backend, zero_stage, known", [("deepspeed", 3, False), ("fsdp2", 0, False),
+                                                       ("deepspeed", 3, True), ("fsdp2", 0, True)])
 def test_a_skipped_step_leaves_the_learner_as_it_was_and_the_next_one_trains(models, tiny_model_dir, backend,
-                                                                             zero_stage):
-    """Forwards with gradient and no backward (nothing to train): under ZeRO-3 and FSDP2 the next step still runs
-    and trains exactly as a fresh learner's first step."""
+                                                                             zero_stage, known):
+    """Forwards with gradient and no backward (nothing to train), or, `known` (rl.self_certainty_breaks_ties=false:
+    every group dropped before s(r)), no-grad forwards only: under ZeRO-3 and FSDP2 the next step still runs and
+    trains exactly as a fresh learner's first step."""
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
     from shop_r1.learner.fsdp2_learner import FSDP2Learner
 
@@ -314,7 +316,7 @@ def test_a_skipped_step_leaves_the_learner_as_it_was_and_the_next_one_trains(mod
     ties = StepRewards(((INVALID, INVALID), (INVALID, INVALID), (INVALID, INVALID)), target_types=(0, 0, 1))
     skipped = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
     before = dict(skipped.named_weights())
-    out = skipped.grpo_step_with_self_certainty(_batch(), LOSS, ties, ADV, first_row=0)
+    out = skipped.grpo_step_with_self_certainty(_batch(), LOSS, ties, NO_TIES if known else ADV, first_row=0)
     assert not out.updated and skipped.step == 0 and out.stats.nonfinite == ""
     after_skip = dict(skipped.named_weights())
     assert all(torch.equal(after_skip[n], before[n]) for n in before)
