@@ -85,11 +85,27 @@ def bounded(default: float, *, ge: float | None = None, gt: float | None = None,
 
 @dataclass
 class SelfCertaintyConfig:
-    source: Literal["topk_logprobs", "learner_logits"] = "learner_logits"
-    """Where s(r), defined on the model's temperature-1 distribution, comes from: exact, from the learner's full
-    logits at temperature 1 (one extra no-grad forward per step), or estimated from the top-k logprobs the rollout
-    engine returns (a lower bound on KL(p||U)); the engines return the *sampling* distribution's logprobs, so
-    `topk_logprobs` needs rollout.temperature = 1."""
+    source: Literal["topk_logprobs", "learner_logits", "update_logits"] = "learner_logits"
+    """Where s(r), defined on the model's temperature-1 distribution, comes from:
+    `learner_logits`: exact, from the learner's full logits at temperature 1 (one extra no-grad forward of the step's
+    batch before the update, shop_r1/learner/grpo_step.py: rationale_self_certainty).
+    `update_logits`: the same exact values from the update's own forward (grpo_step.py: grpo_update_with_self_certainty;
+    every micro-batch's forward runs before any optimizer step, at the same weights): no extra forward. The learner
+    takes the step's whole batch, computes s(r) from its (unscaled) logits, the advantages from the re-formed totals
+    with the driver's own function (shop_r1/algo/step_rewards.py), then the loss. Cost against learner_logits (a
+    no-grad forward of every row, then forward + backward of the kept rows): with rl.self_certainty_breaks_ties=false
+    the dropped zero-signal groups (rl.drop_zero_signal_groups) are known before s(r), so their rows get a no-grad
+    forward of their own and the kept rows the forward + backward: learner_logits less the kept rows' no-grad
+    forward, always cheaper. With it true (s(r) decides which groups tie) every row forwards with gradient and the
+    backward runs through every micro-batch holding a kept row, dropped rows included: with
+    rl.drop_zero_signal_groups and many zero-signal groups it can cost more than learner_logits. Costs memory: all
+    of a rank's micro-batch graphs (of the rows forwarded with gradient) are alive at once (every forward runs before
+    the one backward), so the learner's peak is those rows' activations, not one micro-batch's. Needs
+    rl.num_minibatches=1 (a later mini-batch's forward follows an optimizer step) and the Shop-R1 reward (reward.fn
+    empty); a plug-in score function given in code trains as under learner_logits, without s(r). One-step-off
+    (rl.async_level=1) is fine: the update's forward runs at the weights the extra forward would have.
+    `topk_logprobs`: estimated from the top-k logprobs the rollout engine returns (a lower bound on KL(p||U)); the
+    engines return the *sampling* distribution's logprobs, so it needs rollout.temperature = 1."""
     direction: Literal["p_to_u", "u_to_p"] = "p_to_u"
     """KL(p||U) as in the paper's Eq. 3, or KL(U||p) as in the self-certainty papers (exact source only)."""
     normalize_by_vocab: bool = False
@@ -438,7 +454,9 @@ class RLConfig:
     differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5
     after group-std scaling). False: a group whose format + action_type + attribute + value all tie is zero-signal
     (advantages 0; dropped with drop_zero_signal_groups); other groups still use the total, self-certainty included.
-    A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties."""
+    A plug-in `reward.fn` must then fill those four terms, not only `total`, or every group ties. With
+    reward.self_certainty.source=update_logits, false also lets the learner know the dropped groups before s(r) and
+    forward their rows without gradient (cheaper than learner_logits; see there)."""
     checkpoint_every: int = bounded(10, ge=1)
     """Save a resumable checkpoint every this many steps (and at the end): what a crash that no restart covers can
     cost. Measured (benchmarks/bench_checkpoint.py, 2-core CPU): SmolLM2-135M's checkpoint (1.6 GB with AdamW
@@ -473,12 +491,35 @@ class RLConfig:
     val_examples: int = bounded(64, ge=1)
     """Validation prompts scored each time (the first this many, a fixed subset)."""
 
+    def advantage_config(self, reward: RewardConfig) -> AdvantageConfig:
+        """The advantages' cut of the config (with the reward section, which re-forms the totals with s(r))."""
+        return AdvantageConfig(scale_rewards=self.scale_rewards,
+                               self_certainty_breaks_ties=self.self_certainty_breaks_ties,
+                               drop_zero_signal_groups=self.drop_zero_signal_groups, reward=reward)
+
     def loss_config(self, max_new_tokens: int) -> LossConfig:
         """The learner's cut of the config (rollout.max_new_tokens is dr_grpo's normaliser)."""
         return LossConfig(loss=self.loss, clip_eps_low=self.clip_eps,
                           clip_eps_high=self.clip_eps_high or self.clip_eps, kl_beta=self.kl_beta,
                           num_minibatches=self.num_minibatches,
                           async_is_cap=self.async_is_cap if self.async_level else None, max_new_tokens=max_new_tokens)
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """What a step's advantages read (shop_r1/algo/step_rewards.py), cut from the config by
+    `RLConfig.advantage_config`: the driver computes them with it, and so does the learner where s(r) comes from the
+    update's own forward (reward.self_certainty.source=update_logits)."""
+
+    scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled"]
+    """rl.scale_rewards."""
+    self_certainty_breaks_ties: bool
+    """rl.self_certainty_breaks_ties."""
+    drop_zero_signal_groups: bool
+    """rl.drop_zero_signal_groups."""
+    reward: RewardConfig
+    """The reward section: alpha and rationale_reward re-form the totals with s(r), self_certainty says how s(r) is
+    computed."""
 
 
 @dataclass(frozen=True)
@@ -708,6 +749,16 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
     if learner.attention == "flex" and learner.num_gpus_per_rank == 0:
         problems.append("learner.attention=flex needs GPU ranks (learner.num_gpus_per_rank > 0): torch's FlexAttention "
                         "has no CPU backward; use learner.attention=dense on CPU")
+    source = cfg.reward.self_certainty.source
+    if source == "update_logits" and cfg.rl.num_minibatches != 1 and "rl.num_minibatches" not in bad:
+        problems.append(f"reward.self_certainty.source=update_logits needs rl.num_minibatches=1 (got "
+                        f"{cfg.rl.num_minibatches}): s(r) comes from the update's own forward, and a later "
+                        "mini-batch's forward follows an optimizer step; use "
+                        "reward.self_certainty.source=learner_logits")
+    if source == "update_logits" and cfg.reward.fn:
+        problems.append(f"reward.self_certainty.source=update_logits needs the Shop-R1 reward (reward.fn empty, got "
+                        f"{cfg.reward.fn!r}): a plug-in reward's total is its own, s(r) never re-forms it; use "
+                        "reward.self_certainty.source=learner_logits")
     if learner.attention == "flex" and learner.backend == "fsdp2":
         problems.append("learner.attention=flex runs with learner.backend=deepspeed only (the FSDP2 wrapper cannot "
                         "switch the model's attention implementation); use learner.attention=dense")

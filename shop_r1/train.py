@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from shop_r1 import checkpoint
-from shop_r1.algo import finite
-from shop_r1.algo.advantages import GroupAdvantages, group_advantages
+from shop_r1.algo import finite, step_rewards
+from shop_r1.algo.advantages import GroupAdvantages
 from shop_r1.algo.batch import GRPOBatch, build_grpo_batch
+from shop_r1.algo.step_rewards import StepRewards
 from shop_r1.config import Config, config_to_dict
 from shop_r1.data.sampler import Cursor, PromptSampler
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
@@ -36,7 +37,7 @@ from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
-from shop_r1.types import ACTION_TYPES, GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
+from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
 
 PENDING_ROLLOUT = "pending_rollout.json"
 SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
@@ -81,35 +82,11 @@ def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
     return torch.tensor([[r.total for r in s.rewards] for s in scored], dtype=torch.float64)  # [P, G]
 
 
-def _action_rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
-    """The total without alpha * s(r): format + action_type + attribute + value, summed in one order for every sample
-    so that equal terms give bit-equal sums (total - alpha * s would not)."""
-    return torch.tensor([[r.format + r.action_type + r.attribute + r.value for r in s.rewards] for s in scored],
-                        dtype=torch.float64)  # [P, G]
-
-
-def _components(scored: list[ScoredGeneration], breaks_ties: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """rl.scale_rewards=decoupled's components [2, P, G]: the decision (format + action_type) and the content
-    (attribute + value + alpha * s, the rest of the total); and what must tie for each to carry no signal (the content
-    without alpha * s unless self-certainty breaks ties)."""
-    decision = [[r.format + r.action_type for r in s.rewards] for s in scored]
-    content = [[r.total - (r.format + r.action_type) for r in s.rewards] for s in scored]
-    content_tie = content if breaks_ties else [[r.attribute + r.value for r in s.rewards] for s in scored]
-    return (torch.tensor([decision, content], dtype=torch.float64),
-            torch.tensor([decision, content_tie], dtype=torch.float64))
-
-
 def step_advantages(scored: list[ScoredGeneration], cfg: Config) -> GroupAdvantages:
     """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
-    or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie."""
-    tie = None if cfg.rl.self_certainty_breaks_ties else _action_rewards(scored)
-    strata = components = tie_components = None
-    if cfg.rl.scale_rewards == "target_type":
-        strata = torch.tensor([ACTION_TYPES.index(s.prompt.target.type) for s in scored])
-    if cfg.rl.scale_rewards == "decoupled":
-        components, tie_components = _components(scored, cfg.rl.self_certainty_breaks_ties)
-    return group_advantages(_rewards(scored), scale=cfg.rl.scale_rewards, tie_rewards=tie, strata=strata,
-                            components=components, tie_components=tie_components)
+    or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie
+    (shop_r1/algo/step_rewards.py, which the learner also runs under reward.self_certainty.source=update_logits)."""
+    return step_rewards.step_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward))
 
 
 def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int
@@ -134,6 +111,13 @@ def learner_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
     return score_fn is score_response and cfg.reward.self_certainty.source == "learner_logits"
 
 
+def update_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
+    """reward.self_certainty.source=update_logits with the Shop-R1 hybrid reward: the update's own forward gives s(r)
+    and the learner the advantages (`update_from_own_logits`). A plug-in score function given in code (config.py
+    refuses update_logits with reward.fn) trains as under learner_logits: its totals are its own."""
+    return score_fn is score_response and cfg.reward.self_certainty.source == "update_logits"
+
+
 def exact_self_certainty(scored: list[ScoredGeneration], batch: GRPOBatch, learners: Learners, cfg: Config,
                          score_fn: ScoreFn) -> list[ScoredGeneration]:
     """Where it applies (`learner_self_certainty_applies`), replace each response's s(r) by the exact value from the
@@ -152,23 +136,25 @@ def update_batch(batch: GRPOBatch, adv: GroupAdvantages, cfg: Config) -> GRPOBat
     batch = batch.with_advantages(adv.advantages)
     if not cfg.rl.drop_zero_signal_groups:
         return batch
-    g, num_prompts = cfg.rollout.group_size, adv.advantages.shape[0]
-    return batch.select([p * g + i for p in range(num_prompts) if not adv.zero_signal[p] for i in range(g)])
+    return batch.select(step_rewards.kept_rows(adv, cfg.rl.advantage_config(cfg.reward)))
 
 
 @dataclass(frozen=True)
 class PreparedUpdate:
     scored: list[ScoredGeneration]  # with the learner's exact s(r) where it applies
-    adv: GroupAdvantages
-    batch: GRPOBatch  # the step's one batch, advantages filled in
+    adv: GroupAdvantages | None  # None: the update computes s(r) and the advantages (reward.self_certainty.source)
+    batch: GRPOBatch  # the step's one batch, advantages filled in (with adv None: every group, advantages 0)
 
 
 def prepare_update(scored: list[ScoredGeneration], learners: Learners, cfg: Config, pad_id: int,
                    score_fn: ScoreFn) -> PreparedUpdate:
     """One batch per step: built once from the rollout, sent for the exact s(r) where it applies, then given the
-    advantages of the (re-formed) totals for the update."""
+    advantages of the (re-formed) totals for the update. Under reward.self_certainty.source=update_logits the whole
+    batch goes to the update as it is: s(r) and the advantages come from the update's own forward."""
     zeros = torch.zeros(len(scored), cfg.rollout.group_size, dtype=torch.float64)
     batch = build_grpo_batch(scored, zeros, pad_id, cfg.rollout.temperature)
+    if update_self_certainty_applies(cfg, score_fn):
+        return PreparedUpdate(scored, None, batch)
     scored = exact_self_certainty(scored, batch, learners, cfg, score_fn)                  # s(r) at T = 1
     adv = step_advantages(scored, cfg)                                                     # advantages
     return PreparedUpdate(scored, adv, update_batch(batch, adv, cfg))
@@ -344,9 +330,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
             t1 = time.perf_counter()
             scored = checked_rollout(rollout, cfg)
             prepared = prepare_update(scored, learners, cfg, pad_id, score_fn)             # s(r), advantages
-            scored, adv = prepared.scored, prepared.adv
             t2 = time.perf_counter()
-            update = learner_update(learners, prepared.batch, scored, adv, cfg)            # learner update
+            scored, adv, update = update_step(learners, prepared, cfg)                     # learner update
             t3, learner_step = time.perf_counter(), step
             changed = update is not SKIPPED and not update.nonfinite
             synced = source.push(sync, step, changed=changed)                              # weight sync
@@ -376,6 +361,33 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                 group.shutdown()
     return GRPOResult(str(out / "hf"), step, rewards_seen[0] if rewards_seen else 0.0,
                       rewards_seen[-1] if rewards_seen else 0.0, time.perf_counter() - start_time)
+
+
+def update_step(learners: Learners, prepared: PreparedUpdate, cfg: Config
+                ) -> tuple[list[ScoredGeneration], GroupAdvantages, GRPOStepStats]:
+    """The learner's update of the prepared batch, and the step's scored groups and advantages: as prepared, or, where
+    the update computes them (prepared.adv is None), with the update's exact s(r) and its advantages."""
+    if prepared.adv is not None:
+        return prepared.scored, prepared.adv, learner_update(learners, prepared.batch, prepared.scored, prepared.adv,
+                                                             cfg)
+    return update_from_own_logits(learners, prepared.batch, prepared.scored, cfg)
+
+
+def update_from_own_logits(learners: Learners, batch: GRPOBatch, scored: list[ScoredGeneration], cfg: Config
+                           ) -> tuple[list[ScoredGeneration], GroupAdvantages, GRPOStepStats]:
+    """reward.self_certainty.source=update_logits: the learner takes the step's whole batch and its rewards, takes
+    each response's exact s(r) from the update's own forward, computes the advantages (the same function as
+    `step_advantages`), trains, and returns them; the scored groups are re-formed here with the same s(r), so the
+    logs and the rollout dump read as under learner_logits. A step it did not train (nothing left, or a NaN/inf reward
+    or advantage) is SKIPPED as `learner_update` reports it."""
+    out = learners.grpo_step_with_self_certainty(batch, cfg.rl.loss_config(cfg.rollout.max_new_tokens),
+                                                 StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward))[0]
+    scored = with_learner_self_certainty(scored, out.self_certainty, cfg)
+    if out.updated:
+        update = out.stats
+    else:
+        update = dataclasses.replace(SKIPPED, nonfinite=out.stats.nonfinite) if out.stats.nonfinite else SKIPPED
+    return scored, out.advantages, update
 
 
 def learner_update(learners: Learners, batch: GRPOBatch, scored: list[ScoredGeneration], adv: GroupAdvantages,

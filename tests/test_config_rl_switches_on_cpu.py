@@ -42,3 +42,22 @@ def test_ranges(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     assert message in str(err.value)
+
+
+def test_self_certainty_from_the_update_parses_and_is_refused_where_it_cannot_apply():
+    """reward.self_certainty.source=update_logits (issue 24 section 1): s(r) from the update's own forward."""
+    cfg = load_config(None, ["reward.self_certainty.source=update_logits", "rl.async_level=1",
+                             "rl.drop_zero_signal_groups=true"])
+    assert cfg.reward.self_certainty.source == "update_logits" and load_config().reward.self_certainty.source == (
+        "learner_logits")
+    # Several mini-batches: a later one's forward follows an optimizer step.
+    with pytest.raises(ConfigError, match=r"reward\.self_certainty\.source=update_logits needs "
+                                          r"rl\.num_minibatches=1 \(got 2\)"):
+        load_config(None, ["reward.self_certainty.source=update_logits", "rl.num_minibatches=2"])
+    # A plug-in reward: its total is its own.
+    with pytest.raises(ConfigError, match=r"reward\.self_certainty\.source=update_logits needs the Shop-R1 reward "
+                                          r"\(reward\.fn empty, got 'pkg\.mod:fn'\)"):
+        load_config(None, ["reward.self_certainty.source=update_logits", "reward.fn=pkg.mod:fn"])
+    load_config(None, ["rl.num_minibatches=2", "reward.fn=pkg.mod:fn"])  # learner_logits: both as before
+    with pytest.raises(ConfigError, match=r"reward\.self_certainty\.source"):
+        load_config(None, ["reward.self_certainty.source=update"])

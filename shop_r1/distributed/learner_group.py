@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from shop_r1.config import LearnerConfig, LossConfig, parse_cpu_cores, parse_resources
+from shop_r1.config import AdvantageConfig, LearnerConfig, LossConfig, parse_cpu_cores, parse_resources
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import Resources, get, kill, spawn
 
 if TYPE_CHECKING:
     from shop_r1.algo.batch import GRPOBatch
+    from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
     from shop_r1.types import GRPOStepStats
 
 PLACEMENT_TIMEOUT_S = 300.0
@@ -116,6 +117,15 @@ class LearnerGroup:
         refs = [r.grpo_step.remote(share, loss_cfg) for r, share in zip(self.ranks, shares)]
         return self._run(refs, "grpo_step", max(map(_tokens, shares)))
 
+    def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                      adv_cfg: AdvantageConfig) -> list[UpdateWithSelfCertainty]:
+        """Every rank trains on its contiguous share of the whole batch, told where it starts (to place its s(r)
+        among every response's) and given every response's rewards (to compute the advantages)."""
+        shares, firsts = self._shares(batch), self._bounds(batch.num_responses)[:-1]
+        refs = [r.grpo_step_with_self_certainty.remote(share, loss_cfg, rewards, adv_cfg, first)
+                for r, share, first in zip(self.ranks, shares, firsts)]
+        return self._run(refs, "grpo_step_with_self_certainty", max(map(_tokens, shares)))
+
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
         """Each rank computes its own share's values (s(r) of a response depends on its row alone) and every rank
@@ -126,13 +136,16 @@ class LearnerGroup:
         return [v for values in self._run(refs, "rationale_self_certainty", max(map(_tokens, shares)))
                 for v in values]
 
+    def _bounds(self, n: int) -> list[int]:
+        """Rank r's rows of n are [bounds[r], bounds[r + 1]) = [r n / K, (r + 1) n / K): contiguous, even."""
+        return [r * n // self.world_size for r in range(self.world_size + 1)]
+
     def _shares(self, batch: GRPOBatch) -> list[GRPOBatch]:
         """Rank r's contiguous share of the responses: rows [r n / K, (r + 1) n / K) (K = 1: the batch itself)."""
         if self.world_size == 1:
             return [batch]
-        n = batch.num_responses
-        return [batch.select(range(r * n // self.world_size, (r + 1) * n // self.world_size))
-                for r in range(self.world_size)]
+        bounds = self._bounds(batch.num_responses)
+        return [batch.select(range(bounds[r], bounds[r + 1])) for r in range(self.world_size)]
 
     def probe_logprobs(self, batch: Any) -> list[list[float]]:
         """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""

@@ -19,11 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from shop_r1.config import LossConfig
+from shop_r1.config import AdvantageConfig, LossConfig
 from shop_r1.types import Generation, GRPOStepStats, Prompt, SamplingSpec
 
 if TYPE_CHECKING:
     from shop_r1.algo.batch import GRPOBatch
+    from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,12 @@ class Learners(Protocol):
 
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> list[GRPOStepStats]:
         """One GRPO update on the whole batch (each rank gets its share); GRPOStepStats per rank."""
+
+    def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                      adv_cfg: AdvantageConfig) -> list[UpdateWithSelfCertainty]:
+        """reward.self_certainty.source=update_logits: one GRPO update on the step's whole batch (every group,
+        advantages not yet known; each rank gets its share) whose own forward gives s(r); the advantages from the
+        re-formed `rewards`. Per rank (every rank holds every response's s(r) and the same advantages)."""
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:

@@ -51,7 +51,8 @@ class TrainingBackend(Protocol):
     def device(self) -> torch.device: ...
 
     def begin_micro_batch(self) -> None:
-        """Called before each forward whose backward follows (the framework's per-micro-batch bookkeeping)."""
+        """Called before each forward whose backward follows (the framework's per-micro-batch bookkeeping); where
+        every forward runs first (grpo_step.py: grpo_update_with_self_certainty), once before the one backward."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate d loss / d params so that, at the optimizer step, the gradient is the *sum* over ranks of

@@ -20,10 +20,16 @@ from typing import Any, Literal
 import torch
 
 from shop_r1.algo.batch import GRPOBatch
-from shop_r1.config import LearnerConfig, LossConfig
+from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
+from shop_r1.config import AdvantageConfig, LearnerConfig, LossConfig
 from shop_r1.learner import process_group
 from shop_r1.learner.backend import OptimizerStep, computes_in_bf16, lr_scheduler, reference_policy, save_hf_folder
-from shop_r1.learner.grpo_step import grpo_update, probe_logprobs, rationale_self_certainty
+from shop_r1.learner.grpo_step import (
+    grpo_update,
+    grpo_update_with_self_certainty,
+    probe_logprobs,
+    rationale_self_certainty,
+)
 from shop_r1.learner.sft_data import MicroBatch
 from shop_r1.learner.sft_step import eval_loss, sft_update
 from shop_r1.learner.weight_sender import LearnerSender
@@ -93,6 +99,17 @@ class DeepSpeedLearner:
         stats = grpo_update(self, batch, loss_cfg, step=self.step + 1, pack=self.cfg.pack_sequences)
         self.step += 1
         return stats
+
+    def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                      adv_cfg: AdvantageConfig, first_row: int) -> UpdateWithSelfCertainty:
+        """One GRPO update whose own forward gives s(r) and the advantages (shop_r1/learner/grpo_step.py). Cost: with
+        rl.self_certainty_breaks_ties=false a no-grad forward of the dropped groups' rows and forward + backward of
+        the kept ones (below learner_logits); with it true a forward with gradient of every row and a backward through
+        every micro-batch holding a kept row (can exceed learner_logits when many groups are dropped)."""
+        out = grpo_update_with_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, first_row, step=self.step + 1,
+                                              pack=self.cfg.pack_sequences)
+        self.step += int(out.updated)
+        return out
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:

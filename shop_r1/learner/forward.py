@@ -111,6 +111,15 @@ class Forward:
         """[b, T] logprob of token t (predicted at t - 1) under softmax(logits / temperature) where target_mask[:, t]
         is 1, else 0. The vocabulary projection runs only on target positions (assistant or completion tokens, a
         small share of page-heavy sequences), so no [b, T, V] logits tensor is ever built."""
+        return self._target_logprobs_and_logits(model, input_ids, attention_mask, target_mask, temperature,
+                                                completion_mask)[0]
+
+    def _target_logprobs_and_logits(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                    target_mask: torch.Tensor, temperature: float = 1.0,
+                                    completion_mask: torch.Tensor | None = None
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`target_logprobs`, and the LM head's logits [n, V] of the target positions it ran on (unscaled: temperature
+        1) with where they are: `where` [b, T-1], the rows' target positions t (predicting token t + 1) in order."""
         ids = input_ids.to(self.device)
         hidden = self.hidden(model, input_ids, attention_mask, completion_mask)
         where = target_mask[:, 1:].to(self.device).bool()  # [b, T-1]
@@ -118,13 +127,30 @@ class Forward:
         picked = picked_logprobs(logits, ids[:, 1:][where], temperature)
         out = torch.zeros(ids.shape, dtype=picked.dtype, device=self.device)
         out[:, 1:][where] = picked
-        return out
+        return out, logits, where
 
     def completion_logprobs(self, model: Any, batch: GRPOBatch) -> torch.Tensor:
         """[b, T] logprob of each completion token under `model` at the batch's sampling temperature (0 elsewhere):
         log softmax(logits / T), the distribution the engine sampled from (as TRL and verl score it)."""
         return self.target_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask,
                                     batch.temperature, completion_mask=batch.completion_mask)
+
+    def completion_logprobs_and_self_certainty(self, model: Any, batch: GRPOBatch,
+                                               direction: Literal["p_to_u", "u_to_p"], normalize_by_vocab: bool = False
+                                               ) -> tuple[torch.Tensor, list[float]]:
+        """`completion_logprobs` (with gradient where enabled) and, from the same forward, `rationale_self_certainty`'s
+        values: the rationale tokens are completion tokens, so their logits are rows of the ones the LM head already
+        ran on, taken detached and unscaled (s(r) is defined at temperature 1, whatever the batch's). One forward,
+        one LM-head call, as `completion_logprobs` alone makes."""
+        logp, logits, where = self._target_logprobs_and_logits(
+            model, batch.input_ids, batch.attention_mask, batch.completion_mask, batch.temperature,
+            completion_mask=batch.completion_mask)
+        rationale = batch.rationale_mask[:, 1:].to(self.device).bool()  # [b, T-1]
+        if bool((rationale & ~where).any()):
+            raise ValueError("a rationale token outside the completion: rationale_mask must mark completion tokens")
+        logits = logits.detach()[rationale[where]]  # [n_rationale, V], in row order
+        return logp, [self_certainty_from_logits(rows, direction, normalize_by_vocab) if rows.shape[0] else 0.0
+                      for rows in logits.split(rationale.sum(dim=1).tolist())]
 
     @torch.no_grad()
     def rationale_self_certainty(self, model: Any, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],

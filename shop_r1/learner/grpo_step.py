@@ -7,6 +7,10 @@
        of the global loss; then one optimizer step
     -> the step's figures, summed over every rank's tokens (`StepSums`), as GRPOStepStats
 
+`grpo_update_with_self_certainty` (reward.self_certainty.source=update_logits) is the same update of the step's whole
+batch whose forwards also give s(r) and, from it, the advantages (every forward first, then one backward; where
+rl.self_certainty_breaks_ties=false the dropped groups are known first and forward without gradient).
+
 Loss scaling: a micro-batch's loss is a mean over its own `loss_units` (tokens for dapo, else responses); weighted by
 its units / the global batch's (all-reduced), the accumulated gradient over micro-batches and ranks is exactly the
 loss of the global batch (rl.loss) however it was split. The backend's backward sums over ranks.
@@ -20,9 +24,17 @@ from typing import Literal
 
 import torch
 
+from shop_r1.algo import finite
 from shop_r1.algo.batch import GRPOBatch, micro_batch_rows
 from shop_r1.algo.grpo_loss import LossInputs, grpo_loss, loss_units, truncated_is_weight
-from shop_r1.config import LossConfig
+from shop_r1.algo.step_rewards import (
+    StepRewards,
+    UpdateWithSelfCertainty,
+    kept_rows,
+    kept_rows_before_self_certainty,
+    step_advantages,
+)
+from shop_r1.config import AdvantageConfig, LossConfig
 from shop_r1.learner.backend import TrainingBackend
 from shop_r1.learner.forward import Forward
 from shop_r1.types import GRPOStepStats
@@ -117,40 +129,165 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
         losses = []
         for i in group:
             mb = micro[i]
-            mask = mb.completion_mask.to(backend.device)
             backend.begin_micro_batch()
             logp = forward.completion_logprobs(policy, mb)
-            old_logp = old[i] if old[i] is not None else logp.detach()
-            sampler = mb.sampler_logprobs.to(backend.device, logp.dtype)
-            # One-step-off samples came from the weights before the previous update: correct the surrogate.
-            weight_is = truncated_is_weight(old_logp, sampler, cfg.async_is_cap) \
-                if cfg.async_is_cap is not None else None
-            out = grpo_loss(LossInputs(logp, old_logp, mb.advantages.to(backend.device), mask, ref[i], weight_is), cfg)
-            weight = loss_units(mb.completion_mask, cfg.loss) / denominator if denominator > 0 else 0.0
-            backend.backward(out.loss * weight)
-            losses.append(float(out.loss.detach()))
-            # The sampling weights' logprobs (`old` when there are several updates, else this pass's, which runs
-            # before any update of this batch), against the engine's: the two sides must agree.
-            trained = mask.bool()
-            diff = (old_logp - sampler)[trained].abs()
-            n_tokens = float(mask[:, 1:].sum())
-            sums = sums + StepSums(
-                loss=float(out.loss.detach()) * weight / len(groups), kl=out.kl * n_tokens,
-                clipped=out.clip_fraction * n_tokens, ratio=out.ratio_mean * n_tokens, tokens=n_tokens,
-                sampler_abs_diff=float(diff.double().sum()),
-                is_weight=float(weight_is[trained].double().sum()) if weight_is is not None else 0.0,
-                is_truncated=float((weight_is[trained] >= cfg.async_is_cap).double().sum())
-                if weight_is is not None else 0.0,
-                sampler_abs_diff_max=float(diff.max()) if diff.numel() else 0.0)
+            weighted, loss, mb_sums = _micro_batch_loss(backend, mb, logp, old[i], ref[i], cfg, denominator,
+                                                        len(groups))
+            backend.backward(weighted)
+            losses.append(loss)
+            sums = sums + mb_sums
         done = backend.optimizer_step(losses)
         grad_norms.append(done.grad_norm)
         causes.append(done.nonfinite)
+    return _step_stats(backend, sums, grad_norms, causes, cfg, step)
+
+
+def _micro_batch_loss(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tensor, old: torch.Tensor | None,
+                      ref: torch.Tensor | None, cfg: LossConfig, denominator: float, num_groups: int
+                      ) -> tuple[torch.Tensor, float, StepSums]:
+    """One micro-batch's share of the global loss (its loss, weighted by its loss units / `denominator`: what to
+    backpropagate), its loss, and its figures, from its policy logprobs `logp` (with gradient).
+    `mb.completion_mask` says which tokens train."""
+    mask = mb.completion_mask.to(backend.device)
+    old_logp = old if old is not None else logp.detach()
+    sampler = mb.sampler_logprobs.to(backend.device, logp.dtype)
+    # One-step-off samples came from the weights before the previous update: correct the surrogate.
+    weight_is = truncated_is_weight(old_logp, sampler, cfg.async_is_cap) if cfg.async_is_cap is not None else None
+    out = grpo_loss(LossInputs(logp, old_logp, mb.advantages.to(backend.device), mask, ref, weight_is), cfg)
+    weight = loss_units(mb.completion_mask, cfg.loss) / denominator if denominator > 0 else 0.0
+    # The sampling weights' logprobs (`old` when there are several updates, else this pass's, which runs before any
+    # update of this batch), against the engine's: the two sides must agree.
+    trained = mask.bool()
+    diff = (old_logp - sampler)[trained].abs()
+    n_tokens = float(mask[:, 1:].sum())
+    return out.loss * weight, float(out.loss.detach()), StepSums(
+        loss=float(out.loss.detach()) * weight / num_groups, kl=out.kl * n_tokens,
+        clipped=out.clip_fraction * n_tokens, ratio=out.ratio_mean * n_tokens, tokens=n_tokens,
+        sampler_abs_diff=float(diff.double().sum()),
+        is_weight=float(weight_is[trained].double().sum()) if weight_is is not None else 0.0,
+        is_truncated=float((weight_is[trained] >= cfg.async_is_cap).double().sum()) if weight_is is not None else 0.0,
+        sampler_abs_diff_max=float(diff.max()) if diff.numel() else 0.0)
+
+
+def _step_stats(backend: TrainingBackend, sums: StepSums, grad_norms: list[float], causes: list[str],
+                cfg: LossConfig, step: int) -> GRPOStepStats:
+    """The step's figures over every rank, or the skipped step's when an optimizer step was skipped."""
     sums = sums.all_reduced(backend)
     cause = next((c for c in causes if c), "")
     if cause:  # (one of) the update(s) skipped: nothing non-finite reaches the logs (the cause says what was)
         return GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0,
                              num_tokens=int(round(sums.tokens)), step=step, nonfinite=cause)
     return sums.stats(sum(grad_norms) / len(grad_norms) if grad_norms else 0.0, step, cfg.async_is_cap is not None)
+
+
+def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig,
+                                    rewards: StepRewards, adv_cfg: AdvantageConfig, first_row: int, step: int,
+                                    pack: bool = False) -> UpdateWithSelfCertainty:
+    """reward.self_certainty.source=update_logits: one GRPO update whose own forward also gives every response's
+    exact s(r), so that no forward runs for s(r) alone.
+
+    `batch` is this rank's share of the step's *whole* batch (every group, advantages not yet known): rows
+    [first_row, first_row + n) of the `rewards` (every response's, [P][G]). On each rank:
+      1. the forwards: s(r) of each row from the logits (detached, unscaled: temperature 1; the same numbers as
+         `rationale_self_certainty`'s extra forward, at the same weights: nothing has stepped yet). Where the rows
+         to train are known before s(r) (rl.self_certainty_breaks_ties=false: `kept_rows_before_self_certainty`),
+         the rows of dropped zero-signal groups (rl.drop_zero_signal_groups) run in micro-batches of their own
+         without gradient (`rationale_self_certainty`), then the kept rows' with gradient, graphs kept; else every
+         micro-batch's forward runs with gradient
+      2. every response's s(r) on every rank (a zero-padded [B] vector summed over ranks)
+      3. the totals re-formed and the advantages computed as the driver does (shop_r1/algo/step_rewards.py), so
+         every rank holds the same; the rows of dropped groups train no token and count in no denominator
+      4. the reference's logprobs, each micro-batch's loss (as `grpo_update`), one backward of their sum (the same
+         gradient as a backward each: FSDP2 reshards after a backward, freeing what the other graphs hold), one
+         optimizer step
+    Cost, against `rationale_self_certainty`'s no-grad forward of every row then `grpo_update` of the kept rows:
+    with rl.self_certainty_breaks_ties=false, a no-grad forward of the dropped rows and the forward, backward and
+    reference of the kept rows: that path less the kept rows' no-grad forward, always cheaper. With it true (s(r)
+    decides which groups tie), every row's forward with gradient, and the backward through every micro-batch that
+    holds a kept row, dropped rows included (a micro-batch of dropped rows only is let go): with
+    rl.drop_zero_signal_groups and many zero-signal groups it can cost more than it saves.
+    Memory: every micro-batch's graph of this rank (the kept rows' only, where they are known first) is alive at
+    once until the backward (step 4), so the peak is the activations of the whole share, not of one micro-batch
+    (gradient checkpointing, learner.gradient_checkpointing, keeps that to each layer's input). One mini-batch only
+    (`cfg.num_minibatches` = 1: config.py refuses more). Under ZeRO-3 and FSDP2 every rank makes as many no-grad
+    and as many grad forwards (`micro_batches` pads each kind), whatever its share holds.
+
+    Nothing is trained when no row is left (every group dropped) or a reward or advantage is NaN/inf (that cause is
+    in `stats.nonfinite`): every rank sees the same advantages, so every rank skips alike, and `updated` is False.
+    """
+    if cfg.num_minibatches != 1:
+        raise ValueError(f"grpo_update_with_self_certainty takes one mini-batch per step, got {cfg.num_minibatches} "
+                         "(rl.num_minibatches; reward.self_certainty.source=update_logits needs 1)")
+    direction, normalize = adv_cfg.reward.self_certainty.direction, adv_cfg.reward.self_certainty.normalize_by_vocab
+    forward, policy, n = forward_of(backend, pack), backend.policy, batch.num_responses
+    known = kept_rows_before_self_certainty(rewards, adv_cfg)  # the same on every rank (global inputs)
+    known_set = set(range(first_row, first_row + n)) if known is None else set(known)
+    grad_rows = [i for i in range(n) if first_row + i in known_set]
+    mine = [0.0] * n
+    if known is not None:                                               # 1. forwards, s(r): the dropped rows'
+        no_grad_rows = [i for i in range(n) if first_row + i not in known_set]
+        dropped = micro_batches(backend, batch.select(no_grad_rows), pack)
+        with torch.no_grad():
+            for mb, rows in zip(dropped, _rows_of(dropped, no_grad_rows)):
+                for i, s in zip(rows, forward.rationale_self_certainty(policy, mb, direction, normalize)):
+                    mine[i] = s
+    micro = micro_batches(backend, batch.select(grad_rows), pack)       # the rows that may train
+    micro_rows, logps = _rows_of(micro, grad_rows), []
+    for mb, rows in zip(micro, micro_rows):
+        logp, certainty = forward.completion_logprobs_and_self_certainty(policy, mb, direction, normalize)
+        logps.append(logp)
+        for i, s in zip(rows, certainty):
+            mine[i] = s
+    padded = torch.zeros(rewards.num_responses, dtype=torch.float64)                     # 2. every rank's s(r)
+    padded[first_row:first_row + n] = torch.tensor(mine, dtype=torch.float64)
+    values = backend.all_reduce(padded).tolist()
+    reformed = rewards.with_self_certainty(values, adv_cfg.reward)                        # 3. advantages
+    adv = step_advantages(reformed, adv_cfg)
+    flat, kept = adv.advantages.reshape(-1), set(kept_rows(adv, adv_cfg))
+    if known is not None and kept != known_set:
+        raise RuntimeError(f"the kept rows {sorted(kept)} differ from those known before s(r) {sorted(known)}")
+    cause = finite.driver_cause(reformed.totals(), adv.advantages)
+    if cause or not kept:  # every rank decides alike (the same global numbers): no backward anywhere
+        skipped = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0,
+                                step=step, nonfinite=cause)
+        return UpdateWithSelfCertainty(skipped, values, adv, updated=False)
+    trained = []  # each micro-batch as the loss sees it: its advantages, dropped (and padding) rows masked out
+    for mb, rows in zip(micro, micro_rows):
+        pad = [0.0] * (mb.num_responses - len(rows))
+        keep = torch.tensor([float(first_row + i in kept) for i in rows] + pad, dtype=mb.completion_mask.dtype)
+        advantages = torch.tensor([float(flat[first_row + i]) for i in rows] + pad, dtype=torch.float64)
+        trained.append(dataclasses.replace(mb, completion_mask=mb.completion_mask * keep.unsqueeze(1),
+                                           advantages=advantages))
+    with torch.no_grad():  # the reference is replicated on every rank (no collective): only where a token trains
+        ref = [forward.completion_logprobs(backend.reference, mb)
+               if backend.reference is not None and int(t.completion_mask.sum()) else None
+               for mb, t in zip(micro, trained)]
+    local = sum(loss_units(t.completion_mask, cfg.loss) for t in trained)                # 4. the update
+    denominator = float(backend.all_reduce(torch.tensor([local], dtype=torch.float64))[0])
+    sums, losses, parts = StepSums(), [], []
+    for logp, t, r in zip(logps, trained, ref):
+        weighted, loss, mb_sums = _micro_batch_loss(backend, t, logp, None, r, cfg, denominator, 1)
+        parts.append((weighted, bool(int(t.completion_mask.sum()))))
+        losses.append(loss)
+        sums = sums + mb_sums
+    # A micro-batch of dropped (or padding) rows only adds 0: its graph is let go, no backward runs through it (one
+    # joins where none trains on this rank: every rank makes the backward, a collective under ZeRO-3 and FSDP2).
+    parts = [w for w, trains in parts if trains] or [parts[0][0]]
+    del logps
+    backend.begin_micro_batch()  # the framework's bookkeeping before a backward (one here)
+    backend.backward(sum(parts[1:], parts[0]))
+    done = backend.optimizer_step(losses)
+    return UpdateWithSelfCertainty(_step_stats(backend, sums, [done.grad_norm], [done.nonfinite], cfg, step), values,
+                                   adv, updated=True)
+
+
+def _rows_of(micro: list[GRPOBatch], rows: list[int]) -> list[list[int]]:
+    """Each of `micro_batches`' micro-batches' rows (consecutive, taken from `rows`); none for a padding one."""
+    out, start = [], 0
+    for mb in micro:
+        out.append(rows[start:start + mb.num_responses])
+        start += mb.num_responses
+    return out
 
 
 @torch.no_grad()

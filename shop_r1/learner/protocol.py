@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from shop_r1.algo.batch import GRPOBatch
-from shop_r1.config import LossConfig
+from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
+from shop_r1.config import AdvantageConfig, LossConfig
 from shop_r1.learner.sft_data import MicroBatch
 from shop_r1.types import GRPOStepStats, SFTStepStats
 
@@ -29,6 +30,14 @@ class Learner(Protocol):
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> GRPOStepStats:
         """One GRPO update on this rank's share of the batch (any size, even empty: every rank makes the same
         collective calls); figures over the global batch."""
+
+    def grpo_step_with_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                      adv_cfg: AdvantageConfig, first_row: int) -> UpdateWithSelfCertainty:
+        """reward.self_certainty.source=update_logits: one GRPO update on this rank's share of the step's whole
+        batch (rows first_row.. of `rewards`, advantages not yet known), whose own forward gives every response's
+        s(r); the advantages computed from them as the driver would (every rank the same). Figures over the global
+        batch; the learner's step counts only an update that ran (`updated`). Where rl.self_certainty_breaks_ties=
+        false the dropped groups are known first and forward without gradient (grpo_step.py states the cost)."""
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:

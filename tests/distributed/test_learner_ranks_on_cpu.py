@@ -113,3 +113,38 @@ def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, ti
     finally:
         one.shutdown()
         two.shutdown()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend, known", [("deepspeed", False), ("fsdp2", False), ("deepspeed", True)])
+def test_self_certainty_from_the_update_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir,
+                                                                            backend, known):
+    """reward.self_certainty.source=update_logits on Ray: rank 0 holds rows 0-2 (the dropped group 0 and one row of
+    group 1), rank 1 rows 3-5; each places its share's s(r) among every response's, every rank computes the same
+    advantages, and the update's figures equal one rank's. `known`: rl.self_certainty_breaks_ties=false, group 0
+    dropped before s(r): rank 0 forwards it without gradient, rank 1 an empty micro-batch beside it (no hang)."""
+    from shop_r1.config import RewardConfig
+    from shop_r1.distributed.learner_group import LearnerGroup
+    from tests.learner.test_update_self_certainty_on_cpu import REWARDS, SPLIT, _batch
+
+    rl = RLConfig(kl_beta=0.1, drop_zero_signal_groups=True, self_certainty_breaks_ties=not known)
+    rewards = SPLIT if known else REWARDS
+    loss, adv_cfg = rl.loss_config(max_new_tokens=16), rl.advantage_config(RewardConfig())
+    common = dict(backend=backend, zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
+    one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-3, 3, 0, local=False,
+                       reference_path=str(tiny_model_dir))
+    two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-3, 3, 0, local=False,
+                       reference_path=str(tiny_model_dir))
+    try:
+        (a,) = one.grpo_step_with_self_certainty(_batch(), loss, rewards, adv_cfg)
+        b = two.grpo_step_with_self_certainty(_batch(), loss, rewards, adv_cfg)
+        assert len(b) == 2 and all(x.updated for x in (a, *b))
+        for x in b:
+            assert x.self_certainty == pytest.approx(a.self_certainty, rel=1e-5, abs=1e-7)
+            torch.testing.assert_close(x.advantages.advantages, a.advantages.advantages, rtol=1e-5, atol=1e-7)
+            assert x.stats.num_tokens == a.stats.num_tokens == 20
+            assert x.stats.loss == pytest.approx(a.stats.loss, rel=1e-5, abs=1e-9)
+            assert x.stats.grad_norm == pytest.approx(a.stats.grad_norm, rel=1e-4)
+    finally:
+        one.shutdown()
+        two.shutdown()
