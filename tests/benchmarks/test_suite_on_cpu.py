@@ -1,7 +1,8 @@
 """The benchmark suite's runner: its summary and plots from hand-made results, the pure parts of the TRL race
 (median and spread, per-side summaries, the side-by-side settings table) and of the async-vs-sync benchmark (timed
 steps, per-side summaries, the ratio over repeats), and a real quick run of two benchmarks
-(ROUGE-L against rouge-score, the reward pool through Ray) into a results folder."""
+(ROUGE-L against rouge-score, the reward pool through Ray) into a results folder; and the update_logits benchmark end
+to end at the tiny shape, whose equality check refuses a ratio when the two sides' s(r) or advantages differ."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 
 import bench_async  # noqa: E402
 import bench_trl  # noqa: E402
+import bench_update_self_certainty  # noqa: E402
 import common  # noqa: E402
 import run_suite  # noqa: E402
 
@@ -240,3 +242,64 @@ def test_repeated_race_refuses_an_unknown_variant(tmp_path):
     args = bench_trl.argparse.Namespace(variants="no_such", repeats=2)
     with pytest.raises(SystemExit, match="unknown --variants"):
         bench_trl.race_repeated(args, str(tmp_path))
+
+
+# Tiny settings: 3 groups of 4 rows (40 prompt + 12 completion tokens), 0 or 1 group zero-signal, one repeat.
+TINY_UPDATE_SC = ["--shape", "tiny", "--prompts", "3", "--group-size", "4", "--prompt-tokens", "40",
+                  "--completion-tokens", "12", "--dropped-groups", "0,1", "--repeats", "1", "--threads", "1"]
+
+
+@pytest.mark.timeout(120)
+def test_update_self_certainty_bench_times_both_sides_of_each_configuration(tmp_path):
+    out = tmp_path / "update_sc.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_update_self_certainty.py"), *TINY_UPDATE_SC,
+                           "--json-out", str(out)], check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "update_self_certainty" and data["sides"] == ["today", "update"]
+    assert data["threads"] == 1 and "lr=0" in data["same_weights"]
+    rows = data["results"]
+    assert [(r["dropped_groups"], r["self_certainty_breaks_ties"]) for r in rows] == [(0, False), (0, True),
+                                                                                     (1, False), (1, True)]
+    for r in rows:
+        assert r["rows"] == 12 and r["zero_signal_groups"] == r["dropped_groups"]
+        assert r["kept_rows"] == 12 - 4 * r["dropped_groups"]  # the dropped group's 4 rows train nothing
+        for side in ("today", "update"):
+            assert r[side]["step_s"]["n"] == 1 and r[side]["step_s"]["median"] > 0 and r[side]["warmup_s"] > 0
+        assert r["ratio_today_over_update"] > 0
+        assert r["ratio_today_over_update"] == r["today"]["step_s"]["median"] / r["update"]["step_s"]["median"]
+        assert r["max_abs_diff"]["self_certainty"] <= 1e-5 and r["max_abs_diff"]["advantages"] <= 1e-5
+    # today: every row without gradient, the kept rows with; update: the dropped rows without gradient where they
+    # are known before s(r) (rl.self_certainty_breaks_ties=false), else every row with gradient.
+    assert rows[2]["rows_forwarded"] == {"today": {"no_grad": 12, "grad": 8}, "update": {"no_grad": 4, "grad": 8}}
+    assert rows[3]["rows_forwarded"] == {"today": {"no_grad": 12, "grad": 8}, "update": {"no_grad": 0, "grad": 12}}
+    assert "today/update" in proc.stdout
+
+
+@pytest.mark.parametrize("perturbed", ["self_certainty", "advantages"])
+def test_update_self_certainty_bench_refuses_a_ratio_when_the_sides_differ(monkeypatch, tmp_path, perturbed):
+    """One side's s(r) (or advantages) moved by 1e-3, far above the check's float32 tolerance: the benchmark stops
+    before timing that configuration and writes no result."""
+    import dataclasses
+
+    from shop_r1.algo.advantages import GroupAdvantages
+    from shop_r1.learner import grpo_step
+
+    real = grpo_step.grpo_update_with_self_certainty
+
+    def moved(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if perturbed == "self_certainty":
+            return dataclasses.replace(out, self_certainty=[out.self_certainty[0] + 1e-3, *out.self_certainty[1:]])
+        adv = out.advantages
+        return dataclasses.replace(out, advantages=GroupAdvantages(adv.advantages + 1e-3, adv.zero_signal))
+
+    monkeypatch.setattr(grpo_step, "grpo_update_with_self_certainty", moved)
+    out = tmp_path / "update_sc.json"
+    name = "s\\(r\\)" if perturbed == "self_certainty" else "advantages"
+    with pytest.raises(bench_update_self_certainty.MismatchError, match=f"no ratio is reported: {name}"):
+        bench_update_self_certainty.main([*TINY_UPDATE_SC, "--json-out", str(out)])
+    assert not out.exists()
+    monkeypatch.setattr(grpo_step, "grpo_update_with_self_certainty", real)  # teeth: unmoved, it reports
+    assert bench_update_self_certainty.main([*TINY_UPDATE_SC, "--dropped-groups", "1", "--breaks-ties", "false",
+                                             "--json-out", str(out)])["results"][0]["ratio_today_over_update"] > 0
