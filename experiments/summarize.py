@@ -43,14 +43,24 @@ from shop_r1.comparison import (  # noqa: E402
 )
 from shop_r1.metrics import load_predictions, write_predictions  # noqa: E402
 
-MACHINE_NOTE = "2-core x86_64 CPU (AVX2), no GPU"
 
-
-def _machine_name() -> str:
+def _machine() -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import machine  # benchmarks/common.py: the same name the benchmark results use
 
-    return machine()["name"]
+    return machine()
+
+
+def _machine_name() -> str:
+    return _machine()["name"]
+
+
+def _machine_note() -> str:
+    """What the tables were made on, in words (this machine's, not a constant: sessions run on different CPUs)."""
+    m = _machine()
+    if m.get("gpus"):
+        return f"{len(m['gpus'])}x {m['gpus'][0]}"
+    return f"{m['cpu_cores']}-core CPU ({m['cpu_model']}, {m['cpu_isa'].upper()}, {m['ram_gib']} GiB), no GPU"
 
 
 def _settings(ws: Path, rows: list) -> list[Setting]:
@@ -232,7 +242,7 @@ def summarize(suite_name: str, suite: Suite, ws: Path, results_root: Path) -> Pa
     stats = json.loads((ws / "data" / "stats.json").read_text()) if (ws / "data" / "stats.json").exists() else {}
     times = json.loads((ws / "stage_seconds.json").read_text()) if (ws / "stage_seconds.json").exists() else {}
     config = (ws / "config.yaml").read_text() if (ws / "config.yaml").exists() else ""
-    payload = {"suite": suite_name, "machine": MACHINE_NOTE, "rows": {r.name: r.label for r in rows},
+    payload = {"suite": suite_name, "machine": _machine_note(), "rows": {r.name: r.label for r in rows},
                "results": results, "comparison": c.to_dict() if c is not None else None, "stage_seconds": times,
                "data": {k: stats.get(k) for k in ("rl_train", "rl_test", "num_sft_train", "num_rl_over_budget",
                                                   "num_rl_test_over_budget")}}
@@ -245,7 +255,7 @@ def summarize(suite_name: str, suite: Suite, ws: Path, results_root: Path) -> Pa
     if c is not None and (p := plot_exact_vs_terminate(plot_points(suite_name, c), out / "exact_vs_terminate.png")):
         plots.append(p.name)
     test = stats.get("rl_test") or {}
-    md = [f"# {suite_name} on {MACHINE_NOTE}", "",
+    md = [f"# {suite_name} on {_machine_note()}", "",
           f"Held-out: {test.get('num_examples', '?')} RL examples of unseen sessions "
           f"({stats.get('num_rl_test_over_budget', '?')} dropped for length); greedy decoding. Baselines (in italics) "
           f"are fitted on the workspace's training split and scored on the same held-out examples.", "",
@@ -465,11 +475,11 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     points = [p for k, c in comparisons.items() for p in plot_points(f"seed {k}", c)]
     if (p := plot_exact_vs_terminate(points, out / "exact_vs_terminate.png")) is not None:
         plots.insert(0, p.name)
-    payload = {"suite": suite_name, "machine": MACHINE_NOTE, "seeds": list(workspaces),
+    payload = {"suite": suite_name, "machine": _machine_note(), "seeds": list(workspaces),
                "rows": {r.name: r.label for r in rows}, "notes": list(suite.notes), "aggregate": agg,
                "paired": pairs, "oracle_exact": oracles, "per_seed": per_seed}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
-    md = [f"# {suite_name} on {MACHINE_NOTE}", "",
+    md = [f"# {suite_name} on {_machine_note()}", "",
           f"Seeds {', '.join(map(str, workspaces))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
           "SFT and RL). Test split per seed: " + "; ".join(
               f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "
