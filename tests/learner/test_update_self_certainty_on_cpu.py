@@ -72,6 +72,23 @@ def todays_path(backend, batch, pack=False, rewards=REWARDS, adv_cfg=ADV):
     return values, adv, grpo_update(backend, selected, LOSS, step=1, pack=pack)
 
 
+@pytest.fixture(autouse=True)
+def _deepspeed_world_group_of_this_process_group():
+    """DeepSpeed keeps a clone of the world group (deepspeed.utils.groups._WORLD_GROUP) across learners; a test earlier
+    in the session that re-made torch.distributed's default group (an in-process vLLM engine's shutdown, e.g.
+    tests/learner/test_grpo_exact_on_cpu.py) leaves that clone unregistered, and the next DeepSpeed engine fails in
+    its first broadcast ("Group ... is not registered"). Forget a clone the current group does not know."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    registered = dist.distributed_c10d._world.pg_group_ranks
+    for name in ("_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
+        group = getattr(groups, name)
+        if group is not None and group not in registered:
+            setattr(groups, name, None)
+    yield
+
+
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, tmp_path_factory):
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
