@@ -321,13 +321,10 @@ def open_seed_workspace(base: Config, root: Path, k: int) -> Workspace:
 
 
 def _jsonl_rows(path: Path) -> list[dict]:
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{i}: not JSON ({err})") from None
+    """A metrics file's records (shop_r1/data/jsonl.py: a bad line raises naming FILE:LINE); none is an error."""
+    from shop_r1.data.jsonl import read_jsonl_objects
+
+    rows = [row for _, row in read_jsonl_objects(path)]
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows

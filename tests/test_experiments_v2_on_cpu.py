@@ -156,7 +156,7 @@ def test_adopt_refuses_another_config_or_an_unfinished_run(tmp_path):
     assert not (ws.root / "sft" / "hf" / "done.json").exists()  # refused before copying anything
     (half / "grpo" / "hf" / "config.json").write_text("{}")
     (half / "metrics_sft.jsonl").write_text("{not json\n")
-    with pytest.raises(ValueError, match=r"metrics_sft\.jsonl:1: not JSON"):
+    with pytest.raises(ValueError, match=r"metrics_sft\.jsonl:1: not valid JSON"):
         run.adopt_run(ws, half)
 
 
