@@ -173,6 +173,11 @@ class DataConfig:
     persona: bool = True
     """Head every prompt of a session with what is known of its shopper (`persona`: the synthetic profile, or OPeRA's
     persona text), as Customer-R1 does on OPeRA; false leaves it out (the paper's setting)."""
+    persona_position: Literal["system", "page"] = "system"
+    """Where the persona goes: `system`, the end of the system turn (the top of the prompt); `page`, after the
+    current page's HTML in the last user turn, nearest the answer (in `sft_format=session` conversations, after every
+    page). A small model trained from scratch copies the profile's facts into its answer only when they are near it
+    (README "The main job")."""
     instructions: Literal["full", "short"] = "full"
     """The system turn's instructions: `full` (Appendix B's content, for instruct models) or `short` (the same output
     contract in ~50 tokens instead of ~330, for a model trained from scratch, to which a constant prompt is only

@@ -92,14 +92,14 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
 
     rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens,
-                                       cfg.history_rationales, cfg.persona, cfg.instructions)
+                                       cfg.history_rationales, cfg.persona, cfg.instructions, cfg.persona_position)
     test_budget = cfg.test_max_prompt_tokens or cfg.max_prompt_tokens
     rl_test_build = build_rl_examples(split.test, cfg.context, test_budget, count_tokens, cfg.history_rationales,
-                                      cfg.persona, cfg.instructions)
+                                      cfg.persona, cfg.instructions, cfg.persona_position)
     rl_val = build_rl_examples(val_sessions, cfg.context, test_budget, count_tokens, cfg.history_rationales,
-                               cfg.persona, cfg.instructions).examples
-    sft = build_sft_examples(split.train, cfg.persona, cfg.instructions) if cfg.sft_format == "session" \
-        else build_step_sft_examples(rl_train_build.examples)
+                               cfg.persona, cfg.instructions, cfg.persona_position).examples
+    sft = build_sft_examples(split.train, cfg.persona, cfg.instructions, cfg.persona_position) \
+        if cfg.sft_format == "session" else build_step_sft_examples(rl_train_build.examples)
     sft_train = sft.examples
     rl_train = list(rl_train_build.examples)
     rl_unbalanced = type_counts(rl_train)

@@ -49,15 +49,28 @@ class RLBuild:
     """Examples left out because the current page alone exceeds max_prompt_tokens."""
 
 
-def build_sft_examples(sessions: Sequence[Session], persona: bool = True, instructions: str = "full") -> SFTBuild:
+def _persona_parts(session: Session, persona: bool, position: str) -> tuple[str | None, str | None]:
+    """(persona for the system turn, persona for after the page): at most one is set."""
+    if position not in PERSONA_POSITIONS:
+        raise ValueError(f"persona_position must be one of {PERSONA_POSITIONS}, got {position!r}")
+    text = session.persona if persona else None
+    return (text, None) if position == "system" else (None, text)
+
+
+PERSONA_POSITIONS = ("system", "page")
+
+
+def build_sft_examples(sessions: Sequence[Session], persona: bool = True, instructions: str = "full",
+                       persona_position: str = "system") -> SFTBuild:
     examples, skipped = [], []
     for s in sessions:
         if any(step.rationale is None for step in s.steps):
             skipped.append(s.session_id)
             continue
-        messages = [Message("system", system_prompt(s.persona if persona else None, instructions))]
+        in_system, after_page = _persona_parts(s, persona, persona_position)
+        messages = [Message("system", system_prompt(in_system, instructions))]
         for i, step in enumerate(s.steps):
-            messages.append(Message("user", render_observation(step.observation, i)))
+            messages.append(Message("user", render_observation(step.observation, i, after_page)))
             messages.append(Message("assistant", render_action(step.action, step.rationale)))
         examples.append(SFTExample(s.session_id, tuple(messages)))
     return SFTBuild(tuple(examples), tuple(skipped))
@@ -77,23 +90,25 @@ def build_step_sft_examples(examples: Sequence[RLExample]) -> SFTBuild:
 
 
 def _rl_prompt(session: Session, t: int, num_dropped: int, history_rationales: bool = True,
-               persona: bool = True, instructions: str = "full") -> tuple[Message, ...]:
-    """Prompt for predicting step t with the HTML of the `num_dropped` oldest pages omitted (the session's persona in
-    the system turn when it has one and `persona`)."""
-    messages = [Message("system", system_prompt(session.persona if persona else None, instructions))]
+               persona: bool = True, instructions: str = "full", persona_position: str = "system"
+               ) -> tuple[Message, ...]:
+    """Prompt for predicting step t with the HTML of the `num_dropped` oldest pages omitted (the session's persona,
+    when it has one and `persona`, in the system turn or after the current page: `persona_position`)."""
+    in_system, after_page = _persona_parts(session, persona, persona_position)
+    messages = [Message("system", system_prompt(in_system, instructions))]
     for i in range(t):
         step = session.steps[i]
         page = render_dropped_observation(i) if i < num_dropped else render_observation(step.observation, i)
         messages.append(Message("user", page))
         messages.append(Message("assistant", render_action(step.action,
                                                             step.rationale if history_rationales else None)))
-    messages.append(Message("user", render_observation(session.steps[t].observation, t)))
+    messages.append(Message("user", render_observation(session.steps[t].observation, t, after_page)))
     return tuple(messages)
 
 
 def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_tokens: int,
                       count_tokens: TokenCounter, history_rationales: bool = True, persona: bool = True,
-                      instructions: str = "full") -> RLBuild:
+                      instructions: str = "full", persona_position: str = "system") -> RLBuild:
     if context not in ("whole_session", "latest_step"):
         raise ValueError(f"context must be whole_session or latest_step, got {context!r}")
     examples, over = [], []
@@ -102,7 +117,7 @@ def build_rl_examples(sessions: Sequence[Session], context: str, max_prompt_toke
             example_id = f"{s.session_id}:{t}"
             lo = t if context == "latest_step" else 0
             prompt = lambda k, s=s, t=t: _rl_prompt(  # noqa: E731 - k earlier pages omitted
-                s, t, k, history_rationales, persona, instructions)
+                s, t, k, history_rationales, persona, instructions, persona_position)
             if count_tokens(prompt(t)) > max_prompt_tokens:
                 over.append(example_id)
                 continue

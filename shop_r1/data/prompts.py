@@ -54,9 +54,22 @@ def system_prompt(persona: str | None = None, instructions: str = "full") -> str
     return text if not persona else f"{text}\n\n{PERSONA_HEADER}\n{persona}"
 
 
-def render_observation(html: str, step_index: int) -> str:
-    """The user turn for a page the shopper saw (step_index counts from 0)."""
-    return f"Page {step_index + 1} (simplified HTML):\n{html}"
+def render_observation(html: str, step_index: int, persona: str | None = None) -> str:
+    """The user turn for a page the shopper saw (step_index counts from 0), followed by what is known of the shopper
+    when `persona` is given (`data.persona_position=page`)."""
+    page = f"Page {step_index + 1} (simplified HTML):\n{html}"
+    return page if persona is None else f"{page}{PERSONA_AFTER_PAGE}{persona}"
+
+
+PERSONA_AFTER_PAGE = f"\n\n{PERSONA_HEADER}\n"
+"""What separates a page's HTML from the persona that follows it in the same user turn."""
+
+
+def split_persona(turn: str) -> tuple[str, str | None]:
+    """A user turn -> (the page part, the persona that follows the page or None): the inverse of
+    `render_observation`'s persona. A page's own HTML never holds the header (it is on a line of its own)."""
+    page, sep, persona = turn.partition(PERSONA_AFTER_PAGE)
+    return (page, persona) if sep else (turn, None)
 
 
 def render_dropped_observation(step_index: int) -> str:

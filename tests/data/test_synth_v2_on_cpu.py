@@ -4,16 +4,19 @@ from collections import Counter
 
 import pytest
 
-from shop_r1.data.examples import build_rl_examples
-from shop_r1.data.prompts import PERSONA_HEADER
+from shop_r1.baselines import page_kind
+from shop_r1.data.examples import build_rl_examples, build_sft_examples
+from shop_r1.data.pages import element_names
+from shop_r1.data.prompts import PERSONA_HEADER, render_observation, split_persona
 from shop_r1.data.synth import synthesize_sessions
 from shop_r1.data.synth.policy import oracle_action, oracle_exact, read_page
 from shop_r1.data.synth.profile import Profile, parse_profile
 from shop_r1.reward.rouge import rouge_l
 
 
-def _examples(sessions, context="latest_step", persona=True):
-    return build_rl_examples(sessions, context, 10**9, lambda m: 0, persona=persona).examples
+def _examples(sessions, context="latest_step", persona=True, position="system"):
+    return build_rl_examples(sessions, context, 10**9, lambda m: 0, persona=persona,
+                             persona_position=position).examples
 
 
 def test_deterministic_and_stable_when_more_sessions_are_asked_for():
@@ -82,6 +85,31 @@ def test_the_persona_heads_the_prompt_and_can_be_left_out():
     assert PERSONA_HEADER not in without
     with pytest.raises(ValueError, match="no shopper profile"):
         oracle_action(_examples([session], persona=False)[0].prompt)
+
+
+def test_the_persona_can_follow_the_current_page_instead():
+    sessions = synthesize_sessions(20, seed=5, version=2)
+    top, near = _examples(sessions), _examples(sessions, position="page")
+    assert len(top) == len(near) > 20
+    for a, b in zip(top, near):
+        profile = sessions[[s.session_id for s in sessions].index(b.session_id)].persona
+        assert PERSONA_HEADER not in b.prompt[0].content  # not in the system turn ...
+        page, persona = split_persona(b.prompt[-1].content)
+        assert persona == profile and b.prompt[-1].content.endswith(profile)  # ... but after the current page,
+        assert page == a.prompt[-1].content  # which is otherwise the same turn
+        assert all(PERSONA_HEADER not in m.content for m in b.prompt[1:-1])  # and nowhere in the history
+        assert oracle_action(b.prompt) == oracle_action(a.prompt)
+        html = page.split("\n", 1)[1]
+        assert page_kind(b.prompt[-1].content) == page_kind(html)
+        assert element_names(b.prompt[-1].content) == element_names(page)
+    assert oracle_exact(near) == oracle_exact(top)
+    # session-format SFT: the persona follows every page; split_persona inverts it
+    conv = build_sft_examples(sessions[:1], persona_position="page").examples[0].messages
+    users = [m.content for m in conv if m.role == "user"]
+    assert all(split_persona(u)[1] == sessions[0].persona for u in users)
+    assert split_persona(render_observation("<html></html>", 0)) == ("Page 1 (simplified HTML):\n<html></html>", None)
+    with pytest.raises(ValueError, match="persona_position"):
+        _examples(sessions[:1], position="bottom")
 
 
 def test_version_and_noise_are_checked():

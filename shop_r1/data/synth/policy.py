@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import unescape
 
+from shop_r1.data.prompts import split_persona
 from shop_r1.data.synth import pages
 from shop_r1.data.synth.profile import PROFILE_HEADER, Profile, parse_profile
 from shop_r1.types import Action, Message, RLExample
@@ -197,6 +198,10 @@ def _actions_of(messages: Sequence[Message]) -> list[Action]:
 
 
 def profile_of_prompt(prompt: Sequence[Message]) -> Profile:
+    """The profile from the system turn (`data.persona_position=system`) or after the current page (`page`)."""
+    after_page = split_persona(prompt[-1].content)[1] if prompt else None
+    if after_page is not None:
+        return parse_profile(after_page)
     system = prompt[0].content if prompt and prompt[0].role == "system" else ""
     if PROFILE_HEADER not in system:
         raise ValueError("prompt has no shopper profile (data.persona=false, or not the synthetic shop version 2)")
@@ -204,9 +209,10 @@ def profile_of_prompt(prompt: Sequence[Message]) -> Profile:
 
 
 def oracle_action(prompt: Sequence[Message]) -> Action:
-    """The policy applied to what the prompt shows: the profile (system turn), the earlier actions (assistant turns)
-    and the current page (the last user turn)."""
-    html = prompt[-1].content.split("\n", 1)[1] if "\n" in prompt[-1].content else prompt[-1].content
+    """The policy applied to what the prompt shows: the profile (system turn, or after the page), the earlier actions
+    (assistant turns) and the current page (the last user turn)."""
+    page = split_persona(prompt[-1].content)[0]
+    html = page.split("\n", 1)[1] if "\n" in page else page
     return decide(profile_of_prompt(prompt), read_page(html), _actions_of(prompt[1:-1])).action
 
 
