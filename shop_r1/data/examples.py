@@ -49,15 +49,15 @@ class RLBuild:
     """Examples left out because the current page alone exceeds max_prompt_tokens."""
 
 
+PERSONA_POSITIONS = ("system", "page")
+
+
 def _persona_parts(session: Session, persona: bool, position: str) -> tuple[str | None, str | None]:
     """(persona for the system turn, persona for after the page): at most one is set."""
     if position not in PERSONA_POSITIONS:
         raise ValueError(f"persona_position must be one of {PERSONA_POSITIONS}, got {position!r}")
     text = session.persona if persona else None
     return (text, None) if position == "system" else (None, text)
-
-
-PERSONA_POSITIONS = ("system", "page")
 
 
 def build_sft_examples(sessions: Sequence[Session], persona: bool = True, instructions: str = "full",

@@ -91,8 +91,9 @@ def test_the_persona_can_follow_the_current_page_instead():
     sessions = synthesize_sessions(20, seed=5, version=2)
     top, near = _examples(sessions), _examples(sessions, position="page")
     assert len(top) == len(near) > 20
+    personas = {s.session_id: s.persona for s in sessions}
     for a, b in zip(top, near):
-        profile = sessions[[s.session_id for s in sessions].index(b.session_id)].persona
+        profile = personas[b.session_id]
         assert PERSONA_HEADER not in b.prompt[0].content  # not in the system turn ...
         page, persona = split_persona(b.prompt[-1].content)
         assert persona == profile and b.prompt[-1].content.endswith(profile)  # ... but after the current page,
