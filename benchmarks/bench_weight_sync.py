@@ -6,7 +6,8 @@ Prints, side by side in the same run:
   of moving the bytes;
 - the share of GRPO step time spent outside generate / score / update / sync (driver overhead).
 
-Run: python benchmarks/bench_weight_sync.py [--model DIR] [--steps 4]   (default: the tiny test model)
+Run: python benchmarks/bench_weight_sync.py [--model DIR] [--steps 4] [--weight-load auto|in_place|layerwise]
+(default: the tiny test model; rollout.weight_load: how the engine loads, in place or through vLLM's layerwise reload)
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--weight-load", default="auto", choices=("auto", "in_place", "layerwise"),
+                        help="rollout.weight_load")
     parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
 
@@ -77,7 +80,8 @@ def main() -> None:
     prompts = encode_prompts(tok, examples, 1000)
     cfg = load_config(None, [f"run_dir={tmp}", f"rl.steps={args.steps}", "rollout.group_size=4",
                              "rl.global_batch_size=8", "rollout.max_new_tokens=32", "logging.wandb=false",
-                             "logging.console_every=0", "rl.checkpoint_every=1000"])
+                             "logging.console_every=0", "rl.checkpoint_every=1000",
+                             f"rollout.weight_load={args.weight_load}"])
     runtime = start_ray(cfg.ray)
     try:
         run_grpo(cfg, args.model, prompts, tmp / "grpo", local=False, pad_id=tok.pad_token_id or 0)
@@ -91,6 +95,9 @@ def main() -> None:
     other = sum(r["timing/other"] for r in rows) / len(rows)
     result = {
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
+        "weight_load": args.weight_load,
+        "syncs_in_place": sum(r.get("weight_sync/in_place", 0.0) for r in rows),
+        "weight_sync_s_per_step": [r["timing/weight_sync"] for r in rows],
         "weight_sync_s": sync, "weight_sync_gb_per_s": num_bytes / sync / 1e9,
         "raw_broadcast_s": raw, "raw_broadcast_gb_per_s": num_bytes / raw / 1e9, "sync_over_raw": sync / raw,
         # Per-phase means (shop_r1.distributed.protocols.SyncStats), where the driver logs them.

@@ -281,6 +281,12 @@ class RolloutConfig:
     """One weight sync (learner rank 0 to every engine) must end within this many seconds; an engine still receiving
     then counts as hung and is replaced like a dead one (max_engine_restarts). Each bucket's broadcast waits at most
     half of it. 0: derived from the weights' bytes, 300 s + bytes / 50 MB/s (shop_r1/distributed/deadlines.py)."""
+    weight_load: Literal["auto", "in_place", "layerwise"] = "auto"
+    """How an engine loads a broadcast weight update. `in_place`: each tensor straight into its parameter (vLLM's
+    fused q/k/v and gate/up from the parts the learner sends adjacent, as one view; on CPU the linear layers' repack
+    from it), one pass over the bytes (shop_r1/rollout/in_place_load.py); refused, naming why, where the model's
+    layout does not allow it (tensor parallelism, quantisation, a fusion the sender does not lay out). `layerwise`:
+    vLLM's `reload_weights`, which rebuilds every layer. `auto`: in place where allowed, else layerwise."""
 
 
 @dataclass

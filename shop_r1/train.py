@@ -310,7 +310,10 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
               f"{threads['threads/learner_min']}", flush=True)
         sampler = PromptSampler(len(prompts), max(1, cfg.rl.global_batch_size // group_size), cfg.seed)
         step, pending = _resume(ckpt_root, learners, sampler) if resume else (_fresh(ckpt_root), None)
-        sync.push(step)  # engines start from exactly the learner's weights
+        first = sync.push(step)  # engines start from exactly the learner's weights
+        if getattr(first, "load_path", ""):
+            print(f"  weight sync: engines load {first.load_path} (rollout.weight_load={cfg.rollout.weight_load})",
+                  flush=True)
         # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
         source = RolloutStream(engines, pool, sampler, prompts, lambda t: SamplingSpec(
             n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + t,

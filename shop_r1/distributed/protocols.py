@@ -44,11 +44,17 @@ class SyncStats:
     """The rest of the engine's reload: vLLM's layerwise set-up and finalisation, the tied lm_head's repack."""
     reset_s: float = 0.0
     """The engine's prefix-cache reset."""
+    load_path: str = ""
+    """How the slowest engine loaded (`in_place`, or `layerwise (why)`: rollout.weight_load); empty where unknown."""
 
     def phase_metrics(self) -> dict[str, float]:
-        """`timing/weight_sync_{pack,transfer,load,post,reset}`."""
-        return {f"timing/weight_sync_{k}": getattr(self, f"{k}_s") for k in ("pack", "transfer", "load", "post",
-                                                                             "reset")}
+        """`timing/weight_sync_{pack,transfer,load,post,reset}`, and `weight_sync/in_place` (1 or 0) where the
+        load path is known."""
+        out = {f"timing/weight_sync_{k}": getattr(self, f"{k}_s") for k in ("pack", "transfer", "load", "post",
+                                                                           "reset")}
+        if self.load_path:
+            out["weight_sync/in_place"] = float(self.load_path == "in_place")
+        return out
 
 
 @runtime_checkable

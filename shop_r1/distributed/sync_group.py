@@ -174,7 +174,7 @@ def phases(seconds: float, sent: object, received: list) -> SyncStats:
                   key=lambda r: r.transfer_s + r.load_s + r.post_s + r.reset_s)
     pack_s = min(getattr(sent, "pack_s", 0.0), slowest.transfer_s)
     return SyncStats(seconds, int(sent), pack_s=pack_s, transfer_s=slowest.transfer_s - pack_s,
-                     load_s=slowest.load_s, post_s=slowest.post_s, reset_s=slowest.reset_s)
+                     load_s=slowest.load_s, post_s=slowest.post_s, reset_s=slowest.reset_s, load_path=slowest.path)
 
 
 class DirectSync:

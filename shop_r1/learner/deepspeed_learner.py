@@ -184,7 +184,7 @@ class DeepSpeedLearner:
 
         dtype = torch.bfloat16 if self.engine.bfloat16_enabled() else torch.float32
         return make_manifest(((n, tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape), dtype)
-                              for n, p in self.engine.module.named_parameters()), bucket_bytes)
+                              for n, p in self.engine.module.named_parameters()), bucket_bytes, fuse=True)
 
     def open_weight_sync_store(self, timeout_s: float = 600.0) -> tuple[str, int]:
         return self._weights_out.open_store(timeout_s)

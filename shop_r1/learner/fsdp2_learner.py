@@ -216,7 +216,8 @@ class FSDP2Learner:
         from shop_r1.weight_sync.broadcast import make_manifest
 
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        return make_manifest(((n, tuple(p.shape), dtype) for n, p in self.module.named_parameters()), bucket_bytes)
+        return make_manifest(((n, tuple(p.shape), dtype) for n, p in self.module.named_parameters()), bucket_bytes,
+                             fuse=True)
 
     def open_weight_sync_store(self, timeout_s: float = 600.0) -> tuple[str, int]:
         return self._weights_out.open_store(timeout_s)

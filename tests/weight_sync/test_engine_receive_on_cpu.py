@@ -1,5 +1,8 @@
 """The vLLM engine's end of the wire on CPU: two syncs of different weights through the real WeightReceiver into
-the in-process engine; the engine's parameters equal what was sent each time, and its phase times are recorded."""
+the in-process engine, loaded in place (rollout.weight_load=in_place: the learner's fused layout, one pass) and through
+vLLM's layerwise reload; the engine's parameters equal what was sent each time, and its phase times are recorded. A
+layout the in-place path cannot take (q/k/v parts not adjacent) falls back under `auto` and is refused under
+`in_place`."""
 
 from __future__ import annotations
 
@@ -38,17 +41,7 @@ def _sources(name: str) -> list[str]:
     return [name]
 
 
-@pytest.mark.timeout(900)
-def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    from shop_r1.rollout.vllm_engine import VLLMEngine
-
-    engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0), 256, seed=0)
-    base = [(n, p.detach().clone()) for n, p in
-            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters()]
-    manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10)
-    assert len(manifest.buckets) > 3
+def _connect(engine):
     store = open_master_store("127.0.0.1", timeout_s=120)
     spec = SyncGroupSpec("127.0.0.1", store.port, world_size=2, timeout_s=120)
     made: dict = {}
@@ -56,30 +49,72 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir):
     joining.start()
     engine.init_weight_receiver(spec, 1)
     joining.join(timeout=120)
-    sender = made["sender"]
+    return made["sender"]
+
+
+def _sync(engine, sender, manifest, sent: dict[str, torch.Tensor], version: int):
+    """One broadcast of `sent` in the manifest's order; returns the engine's ReceiveStats and the bytes sent."""
+    out: dict = {}
+    ordered = [(m.name, sent[m.name]) for bucket in manifest.buckets for m in bucket]
+    sending = threading.Thread(target=lambda: out.update(bytes=sender.send(manifest, iter(ordered))))
+    sending.start()
+    try:
+        return engine.receive_weights(manifest, version), out
+    finally:
+        sending.join(timeout=120)
+
+
+def _assert_engine_holds(engine, want: dict[str, torch.Tensor]) -> None:
+    compared = set()
+    for name, have in engine.llm.collective_rpc(_engine_state)[0].items():
+        sources = _sources(name)
+        if all(s in want for s in sources):  # vLLM's tied lm_head is the embedding, sent once
+            expected = torch.cat([want[s] for s in sources])
+            # vLLM pads the vocabulary to a multiple of 64 rows: the sent rows lead.
+            torch.testing.assert_close(have[:len(expected)], expected, rtol=1e-5, atol=1e-5, msg=name)
+            compared.update(sources)
+    assert compared == set(want)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("weight_load", ["in_place", "layerwise"])
+def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weight_load):
+    from transformers import AutoModelForCausalLM
+
+    from shop_r1.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0, weight_load=weight_load),
+                        256, seed=0)
+    base = [(n, p.detach().clone()) for n, p in
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters()]
+    # The learners' layout: q/k/v and gate/up parts adjacent, never split across buckets.
+    manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10, fuse=True)
+    assert len(manifest.buckets) > 3
+    sender = _connect(engine)
 
     ptrs = None
     for version, scale in ((1, 1.5), (2, -0.5)):
-        sent = [(n, t * scale + 0.01 * version) for n, t in base]
-        sending = threading.Thread(target=lambda sent=sent: made.update(bytes=sender.send(manifest, iter(sent))))
-        sending.start()
-        stats = engine.receive_weights(manifest, version)
-        sending.join(timeout=120)
-        assert made["bytes"] == manifest.num_bytes and engine.policy_version() == version
+        sent = {n: t * scale + 0.01 * version for n, t in base}
+        stats, out = _sync(engine, sender, manifest, sent, version)
+        assert out["bytes"] == manifest.num_bytes and engine.policy_version() == version
         assert min(stats.transfer_s, stats.load_s, stats.post_s, stats.reset_s) >= 0 and stats.load_s > 0
-
-        want, compared = dict(sent), set()
-        for name, have in engine.llm.collective_rpc(_engine_state)[0].items():
-            sources = _sources(name)
-            if all(s in want for s in sources):  # vLLM's tied lm_head is the embedding, sent once
-                expected = torch.cat([want[s] for s in sources])
-                # vLLM pads the vocabulary to a multiple of 64 rows: the sent rows lead.
-                torch.testing.assert_close(have[:len(expected)], expected, rtol=1e-5, atol=1e-5, msg=name)
-                compared.update(sources)
-        assert compared == set(want)
+        assert stats.path == weight_load if weight_load == "in_place" else stats.path.startswith("layerwise")
+        _assert_engine_holds(engine, sent)
 
         now = [t.data_ptr() for pool in engine._receiver.pools.values() for t in pool]
         if ptrs is not None:
             assert now == ptrs  # the second sync reused the receive buffers
         ptrs = now
         assert sender.buffers  # one persistent send buffer
+
+    if weight_load == "in_place":
+        # Qwen2's parameter order interleaves q/k/v weights and biases: not the fused layout.
+        plain = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10)
+        sent = {n: t * 0.5 for n, t in base}
+        engine.cfg.weight_load = "auto"
+        stats, _ = _sync(engine, sender, plain, sent, 3)
+        assert stats.path.startswith("layerwise (") and "q_proj" in stats.path
+        _assert_engine_holds(engine, sent)
+        engine.cfg.weight_load = "in_place"
+        with pytest.raises(Exception, match="cannot load in place"):
+            _sync(engine, sender, plain, {n: t * 0.25 for n, t in base}, 4)
