@@ -7,7 +7,9 @@ Prints, side by side in the same run:
 - the share of GRPO step time spent outside generate / score / update / sync (driver overhead).
 
 Run: python benchmarks/bench_weight_sync.py [--model DIR] [--steps 4] [--weight-load auto|in_place|layerwise]
-(default: the tiny test model; rollout.weight_load: how the engine loads, in place or through vLLM's layerwise reload)
+         [--bucket-mb N]
+(default: the tiny test model; rollout.weight_load: how the engine loads, in place or through vLLM's layerwise reload;
+--bucket-mb: rl.weight_sync_bucket_mb, the broadcast's bucket size)
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--weight-load", default="auto", choices=("auto", "in_place", "layerwise"),
                         help="rollout.weight_load")
+    parser.add_argument("--bucket-mb", type=int, default=0, help="rl.weight_sync_bucket_mb (0: the config's)")
     parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
 
@@ -81,7 +84,8 @@ def main() -> None:
     cfg = load_config(None, [f"run_dir={tmp}", f"rl.steps={args.steps}", "rollout.group_size=4",
                              "rl.global_batch_size=8", "rollout.max_new_tokens=32", "logging.wandb=false",
                              "logging.console_every=0", "rl.checkpoint_every=1000",
-                             f"rollout.weight_load={args.weight_load}"])
+                             f"rollout.weight_load={args.weight_load}",
+                             *([f"rl.weight_sync_bucket_mb={args.bucket_mb}"] if args.bucket_mb else [])])
     runtime = start_ray(cfg.ray)
     try:
         run_grpo(cfg, args.model, prompts, tmp / "grpo", local=False, pad_id=tok.pad_token_id or 0)
@@ -95,7 +99,7 @@ def main() -> None:
     other = sum(r["timing/other"] for r in rows) / len(rows)
     result = {
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
-        "weight_load": args.weight_load,
+        "weight_load": args.weight_load, "bucket_mb": cfg.rl.weight_sync_bucket_mb,
         "syncs_in_place": sum(r.get("weight_sync/in_place", 0.0) for r in rows),
         "weight_sync_s_per_step": [r["timing/weight_sync"] for r in rows],
         "weight_sync_s": sync, "weight_sync_gb_per_s": num_bytes / sync / 1e9,

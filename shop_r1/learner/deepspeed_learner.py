@@ -200,10 +200,11 @@ class DeepSpeedLearner:
 
         params = dict(self.engine.module.named_parameters())
         sent = 0
-        for bucket in manifest.buckets:
+        last = len(manifest.buckets) - 1
+        for k, bucket in enumerate(manifest.buckets):
             group = [(m.name, params[m.name]) for m in bucket]
             with deepspeed.zero.GatheredParameters([p for _, p in group], enabled=self.cfg.zero_stage == 3):
-                sent += self._weights_out.send_bucket(bucket, group)
+                sent += self._weights_out.send_bucket(bucket, group, last=k == last)
         return sent
 
     def nonfinite_weights(self) -> list[str]:

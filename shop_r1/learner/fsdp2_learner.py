@@ -234,10 +234,11 @@ class FSDP2Learner:
         self._reshard()
         params = dict(self.module.named_parameters())
         sent = 0
-        for bucket in manifest.buckets:
+        last = len(manifest.buckets) - 1
+        for k, bucket in enumerate(manifest.buckets):
             group = [(m.name, params[m.name].full_tensor() if isinstance(params[m.name], DTensor)
                       else params[m.name]) for m in bucket]
-            sent += self._weights_out.send_bucket(bucket, group)
+            sent += self._weights_out.send_bucket(bucket, group, last=k == last)
         return sent
 
     def nonfinite_weights(self) -> list[str]:

@@ -33,10 +33,12 @@ class LearnerSender:
         if self.rank == 0:
             self._sender = WeightSender(spec, device, store=self._store)
 
-    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> SentBytes:
-        """Rank 0 broadcasts one bucket's gathered tensors and returns the bytes, with its packing and broadcast
-        times (`SentBytes`: the backend's `sent += ...` adds them up); the other ranks, which only joined the gather,
-        send nothing (0)."""
+    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]],
+                    last: bool = True) -> SentBytes:
+        """Rank 0 broadcasts one bucket's gathered tensors (copied out before returning, so the gather may be
+        released) and returns the bytes, with its packing and broadcast-wait times (`SentBytes`: the backend's
+        `sent += ...` adds them up); `last`: the sync's last bucket (every broadcast finished on return). The other
+        ranks, which only joined the gather, send nothing (0)."""
         if self.rank != 0:
             return SentBytes(0)
-        return self._sender.send_bucket(bucket, tensors)
+        return self._sender.send_bucket(bucket, tensors, last=last)

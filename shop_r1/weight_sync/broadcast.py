@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -217,43 +218,68 @@ class ReceiveStats:
 class WeightSender:
     """Rank 0 of the sync group, living in learner rank 0.
 
-    One flat buffer per dtype, as large as the largest bucket yet, allocated once and reused by every bucket of
-    every sync (the sender waits for each broadcast before packing the next bucket)."""
+    Two flat buffers per dtype, each as large as the largest bucket it held yet, allocated once and reused by every
+    sync: bucket k+1 is packed into one while bucket k's broadcast is still on the wire from the other (a buffer is
+    packed again only once its broadcast has finished), so packing and the wire overlap."""
 
     def __init__(self, spec: SyncGroupSpec, device: torch.device, store=None) -> None:
         """`store`: the one `open_master_store` opened for spec.master_port; without it the store is opened here."""
         self._store, self._pg = _process_group(spec, rank=0, store=store)
         self.device, self.spec = device, spec
         self.buffers: dict[str, torch.Tensor] = {}
+        """Keyed `dtype/slot` (slot 0 or 1)."""
+        self._in_flight: dict[str, Any] = {}
+        """The broadcast (work) each buffer is still sending, by buffer key, oldest first."""
+        self._slot = 0
 
     def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> SentBytes:
-        """Broadcast `tensors` (in manifest order) bucket by bucket; returns the bytes sent."""
-        return sum((self.send_bucket(bucket, [next(tensors) for _ in bucket]) for bucket in manifest.buckets),
-                   SentBytes(0))
+        """Broadcast `tensors` (in manifest order) bucket by bucket; returns the bytes sent, every broadcast done."""
+        last = len(manifest.buckets) - 1
+        return sum((self.send_bucket(bucket, [next(tensors) for _ in bucket], last=k == last)
+                    for k, bucket in enumerate(manifest.buckets)), SentBytes(0))
 
-    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> SentBytes:
-        """One bucket: each tensor copied once, straight into the bucket's buffer of its dtype on the sender's
-        device (no upcast, no host round trip, no intermediate copies), then one broadcast. Returns the bytes."""
-        start = time.perf_counter()
-        flat = _buffer(self.buffers, bucket, self.device)
+    def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]],
+                    last: bool = True) -> SentBytes:
+        """One bucket: each tensor copied once, straight into a bucket buffer of its dtype on the sender's device (no
+        upcast, no host round trip, no intermediate copies), then its broadcast started. `last`: wait for every
+        broadcast still on the wire before returning (the sync's last bucket); otherwise this one may still be
+        sending when the next is packed. Returns the bytes, with the time packing and waiting for the wire."""
+        key = f"{bucket[0].dtype}/{self._slot}"
+        self._slot = 1 - self._slot
+        waited = self._wait(key)  # this buffer's previous broadcast must be done before it is packed again
+        packing = time.perf_counter()
+        flat = _buffer(self.buffers, key, bucket, self.device)
         offset = 0
         for meta, (name, t) in zip(bucket, tensors):
             if name != meta.name or tuple(t.shape) != meta.shape:
+                self._wait(None)
                 raise RuntimeError(f"weight sync: expected {meta.name} {meta.shape}, got {name} {tuple(t.shape)}")
             n = _numel(meta.shape)
             flat[offset:offset + n].view(meta.shape).copy_(t.detach())
             offset += n
         packed = time.perf_counter()
-        _broadcast(self._pg, flat, self.spec)
-        return SentBytes(flat.numel() * flat.element_size(), packed - start, time.perf_counter() - packed)
+        self._in_flight[key] = _post_broadcast(self._pg, flat, self.spec)
+        if last:
+            waited += self._wait(None)
+            self._slot = 0  # every sync maps its buckets to the buffers alike: no buffer grows after the first
+        return SentBytes(flat.numel() * flat.element_size(), packed - packing, waited)
+
+    def _wait(self, key: str | None) -> float:
+        """Wait for the broadcast from buffer `key` (None: every one in flight); returns the seconds waited."""
+        start = time.perf_counter()
+        for k in [k for k in self._in_flight if key is None or k == key]:
+            self._in_flight.pop(k).wait()
+        return time.perf_counter() - start
 
 
-def _buffer(buffers: dict[str, torch.Tensor], bucket: tuple[TensorMeta, ...], device: torch.device) -> torch.Tensor:
-    """The first numel(bucket) elements of the persistent buffer for the bucket's dtype, grown when too small."""
+def _buffer(buffers: dict[str, torch.Tensor], key: str, bucket: tuple[TensorMeta, ...],
+            device: torch.device) -> torch.Tensor:
+    """The first numel(bucket) elements of the persistent buffer `key` (of the bucket's dtype), grown when too
+    small."""
     dtype, total = bucket[0].dtype, sum(_numel(m.shape) for m in bucket)
-    if dtype not in buffers or buffers[dtype].numel() < total:
-        buffers[dtype] = torch.empty(total, dtype=DTYPES[dtype], device=device)
-    return buffers[dtype][:total]
+    if key not in buffers or buffers[key].numel() < total:
+        buffers[key] = torch.empty(total, dtype=DTYPES[dtype], device=device)
+    return buffers[key][:total]
 
 
 def _in_use(flat: torch.Tensor) -> bool:

@@ -60,6 +60,7 @@ def test_the_second_sync_reuses_every_bucket_buffer_and_delivers_the_new_weights
     for name, want in first:
         torch.testing.assert_close(got[name], want, rtol=0, atol=0)
     send_ptrs = {k: t.data_ptr() for k, t in sender.buffers.items()}
+    assert set(send_ptrs) == {"float32/0", "float32/1"}  # bucket k+1 packed into one while k leaves from the other
     recv_ptrs = [t.data_ptr() for pool in receiver.pools.values() for t in pool]
     assert 2 <= len(recv_ptrs) < len(manifest.buckets)  # a pool, not a buffer per bucket
 
