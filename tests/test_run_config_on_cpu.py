@@ -83,7 +83,7 @@ def test_keys_that_change_the_experiment(key):
                                  "reward_pool.num_workers", "reward_pool.timeout_s", "rollout.num_engines",
                                  "rollout.num_cpus_per_engine", "rollout.generate_timeout_s",
                                  "learner.num_cpus_per_rank", "learner.max_tokens_per_micro_batch",
-                                 "weight_sync.transport"])
+                                 "weight_sync.transport", "rollout.weight_load"])
 def test_keys_that_do_not(key):
     assert not changes_experiment(key, 1, 2)
 
