@@ -7,9 +7,10 @@ Prints, side by side in the same run:
 - the share of GRPO step time spent outside generate / score / update / sync (driver overhead).
 
 Run: python benchmarks/bench_weight_sync.py [--model DIR] [--steps 4] [--weight-load auto|in_place|layerwise]
-         [--bucket-mb N]
+         [--bucket-mb N] [--zero-copy on|off]
 (default: the tiny test model; rollout.weight_load: how the engine loads, in place or through vLLM's layerwise reload;
---bucket-mb: rl.weight_sync_bucket_mb, the broadcast's bucket size)
+--bucket-mb: rl.weight_sync_bucket_mb, the broadcast's bucket size; --zero-copy: weight_sync.zero_copy, a broadcast
+per tensor from the learner's parameters instead of packed buckets)
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--weight-load", default="auto", choices=("auto", "in_place", "layerwise"),
                         help="rollout.weight_load")
     parser.add_argument("--bucket-mb", type=int, default=0, help="rl.weight_sync_bucket_mb (0: the config's)")
+    parser.add_argument("--zero-copy", choices=("on", "off"), default="off", help="weight_sync.zero_copy")
     parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
 
@@ -85,6 +87,7 @@ def main() -> None:
                              "rl.global_batch_size=8", "rollout.max_new_tokens=32", "logging.wandb=false",
                              "logging.console_every=0", "rl.checkpoint_every=1000",
                              f"rollout.weight_load={args.weight_load}",
+                             f"weight_sync.zero_copy={'true' if args.zero_copy == 'on' else 'false'}",
                              *([f"rl.weight_sync_bucket_mb={args.bucket_mb}"] if args.bucket_mb else [])])
     runtime = start_ray(cfg.ray)
     try:
@@ -100,6 +103,7 @@ def main() -> None:
     result = {
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
         "weight_load": args.weight_load, "bucket_mb": cfg.rl.weight_sync_bucket_mb,
+        "zero_copy": cfg.weight_sync.zero_copy,
         "syncs_in_place": sum(r.get("weight_sync/in_place", 0.0) for r in rows),
         "weight_sync_s_per_step": [r["timing/weight_sync"] for r in rows],
         "weight_sync_s": sync, "weight_sync_gb_per_s": num_bytes / sync / 1e9,

@@ -574,6 +574,10 @@ class WeightSyncConfig:
     ray.local_mode only. A transport that cannot run where the run is placed is refused when the run starts. The
     bucket size is rl.weight_sync_bucket_mb, the deadline rollout.weight_sync_timeout_s. Changing it on resume is
     allowed: the weights the engines receive are the same."""
+    zero_copy: bool = False
+    """The broadcast (nccl / gloo) sends each tensor from the learner's parameter (a ZeRO-3 gather's whole tensor) as
+    its own message, instead of packing a bucket's tensors into one buffer first: no packing copy on the sender, one
+    message per tensor; the engine still receives a bucket into one buffer. Either way the same bytes arrive."""
 
 
 @dataclass

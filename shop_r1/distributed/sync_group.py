@@ -35,6 +35,7 @@ waits at most half of it. At the deadline:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from shop_r1.config import TRANSPORTS, Config, ConfigError
@@ -58,13 +59,15 @@ def bump(engines: EngineGroup, version: int) -> SyncStats:
 
 
 class BroadcastSync:
-    def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str) -> None:
+    def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str,
+                 zero_copy: bool = False) -> None:
         self.learners, self.engines, self.backend = learners, engines, backend
         self.version: int | None = None  # the last version pushed (or bumped to)
         override = engines.cfg.weight_sync_timeout_s
-        self.manifest = get(learners.ranks[0].weight_manifest.remote(bucket_bytes),
-                            timeout_s=deadlines.weight_sync_timeouts(0, override).push_s,
-                            what=f"learner rank 0's weight manifest ({self._key()})")
+        manifest = get(learners.ranks[0].weight_manifest.remote(bucket_bytes),
+                       timeout_s=deadlines.weight_sync_timeouts(0, override).push_s,
+                       what=f"learner rank 0's weight manifest ({self._key()})")
+        self.manifest = dataclasses.replace(manifest, zero_copy=zero_copy)  # weight_sync.zero_copy
         self.timeouts = deadlines.weight_sync_timeouts(self.manifest.num_bytes, override)
         self._connect()
         engines.on_replace = self._after_replace
@@ -230,13 +233,14 @@ def choose_transport(transport: str, local: bool, backend: str) -> str:
 
 
 def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str,
-                     transport: str = "auto") -> WeightSync:
+                     transport: str = "auto", zero_copy: bool = False) -> WeightSync:
     """The run's weight sync, the transport chosen here once (`choose_transport`), and said on the console."""
     chosen = choose_transport(transport, local, backend)
     if chosen == "direct":
         return DirectSync(learners, engines)
-    sync = BroadcastSync(learners, engines, bucket_bytes, backend=chosen)
-    print(f"  weight sync: bucketed {chosen} broadcast from learner rank 0 to the engines", flush=True)
+    sync = BroadcastSync(learners, engines, bucket_bytes, backend=chosen, zero_copy=zero_copy)
+    how = "one broadcast per tensor, from the parameters" if zero_copy else "one broadcast per packed bucket"
+    print(f"  weight sync: bucketed {chosen} broadcast from learner rank 0 to the engines ({how})", flush=True)
     return sync
 
 
@@ -245,4 +249,4 @@ def weight_sync_from_config(cfg: Config, learners: LearnerGroup, engines: Engine
     placement allows (`sync_backend`: learner.num_gpus_per_rank, rollout.num_gpus_per_engine), which "auto" takes."""
     backend = sync_backend(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_engine)
     return make_weight_sync(learners, engines, cfg.rl.weight_sync_bucket_mb << 20, local, backend,
-                            cfg.weight_sync.transport)
+                            cfg.weight_sync.transport, cfg.weight_sync.zero_copy)

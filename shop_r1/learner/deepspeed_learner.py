@@ -204,7 +204,8 @@ class DeepSpeedLearner:
         for k, bucket in enumerate(manifest.buckets):
             group = [(m.name, params[m.name]) for m in bucket]
             with deepspeed.zero.GatheredParameters([p for _, p in group], enabled=self.cfg.zero_stage == 3):
-                sent += self._weights_out.send_bucket(bucket, group, last=k == last)
+                sent += self._weights_out.send_bucket(bucket, group, last=k == last,
+                                                          zero_copy=manifest.zero_copy)
         return sent
 
     def nonfinite_weights(self) -> list[str]:

@@ -238,7 +238,8 @@ class FSDP2Learner:
         for k, bucket in enumerate(manifest.buckets):
             group = [(m.name, params[m.name].full_tensor() if isinstance(params[m.name], DTensor)
                       else params[m.name]) for m in bucket]
-            sent += self._weights_out.send_bucket(bucket, group, last=k == last)
+            sent += self._weights_out.send_bucket(bucket, group, last=k == last,
+                                                          zero_copy=manifest.zero_copy)
         return sent
 
     def nonfinite_weights(self) -> list[str]:

@@ -34,11 +34,12 @@ class LearnerSender:
             self._sender = WeightSender(spec, device, store=self._store)
 
     def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]],
-                    last: bool = True) -> SentBytes:
+                    last: bool = True, zero_copy: bool = False) -> SentBytes:
         """Rank 0 broadcasts one bucket's gathered tensors (copied out before returning, so the gather may be
         released) and returns the bytes, with its packing and broadcast-wait times (`SentBytes`: the backend's
-        `sent += ...` adds them up); `last`: the sync's last bucket (every broadcast finished on return). The other
+        `sent += ...` adds them up); `last`: the sync's last bucket (every broadcast finished on return); `zero_copy`:
+        the manifest's (each tensor broadcast from where it lies). The other
         ranks, which only joined the gather, send nothing (0)."""
         if self.rank != 0:
             return SentBytes(0)
-        return self._sender.send_bucket(bucket, tensors, last=last)
+        return self._sender.send_bucket(bucket, tensors, last=last, zero_copy=zero_copy)

@@ -50,6 +50,9 @@ class TensorMeta:
 @dataclass(frozen=True)
 class Manifest:
     buckets: tuple[tuple[TensorMeta, ...], ...]
+    zero_copy: bool = False
+    """Each tensor its own broadcast, straight from the sender's tensor (no packing copy into a bucket buffer); the
+    receiver still lands a bucket in one pooled buffer, each tensor at its offset (weight_sync.zero_copy)."""
 
     @property
     def num_bytes(self) -> int:
@@ -235,15 +238,21 @@ class WeightSender:
     def send(self, manifest: Manifest, tensors: Iterator[tuple[str, torch.Tensor]]) -> SentBytes:
         """Broadcast `tensors` (in manifest order) bucket by bucket; returns the bytes sent, every broadcast done."""
         last = len(manifest.buckets) - 1
-        return sum((self.send_bucket(bucket, [next(tensors) for _ in bucket], last=k == last)
+        return sum((self.send_bucket(bucket, [next(tensors) for _ in bucket], last=k == last,
+                                     zero_copy=manifest.zero_copy)
                     for k, bucket in enumerate(manifest.buckets)), SentBytes(0))
 
     def send_bucket(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]],
-                    last: bool = True) -> SentBytes:
+                    last: bool = True, zero_copy: bool = False) -> SentBytes:
         """One bucket: each tensor copied once, straight into a bucket buffer of its dtype on the sender's device (no
         upcast, no host round trip, no intermediate copies), then its broadcast started. `last`: wait for every
         broadcast still on the wire before returning (the sync's last bucket); otherwise this one may still be
-        sending when the next is packed. Returns the bytes, with the time packing and waiting for the wire."""
+        sending when the next is packed. `zero_copy` (the manifest's): each tensor broadcast from where it lies, no
+        packing (a copy only where its dtype, device or layout differs from the manifest's), every broadcast of the
+        bucket waited for before returning, since the caller may release the tensors (a ZeRO-3 gather). Returns the
+        bytes, with the time packing and waiting for the wire."""
+        if zero_copy:
+            return self._send_unpacked(bucket, tensors)
         key = f"{bucket[0].dtype}/{self._slot}"
         self._slot = 1 - self._slot
         waited = self._wait(key)  # this buffer's previous broadcast must be done before it is packed again
@@ -263,6 +272,25 @@ class WeightSender:
             waited += self._wait(None)
             self._slot = 0  # every sync maps its buckets to the buffers alike: no buffer grows after the first
         return SentBytes(flat.numel() * flat.element_size(), packed - packing, waited)
+
+    def _send_unpacked(self, bucket: tuple[TensorMeta, ...], tensors: list[tuple[str, torch.Tensor]]) -> SentBytes:
+        start = time.perf_counter()
+        waited = self._wait(None)  # nothing packed is still on the wire
+        works, pack_s, nbytes = [], 0.0, 0
+        for meta, (name, t) in zip(bucket, tensors):
+            if name != meta.name or tuple(t.shape) != meta.shape:
+                for work in works:
+                    work.wait()
+                raise RuntimeError(f"weight sync: expected {meta.name} {meta.shape}, got {name} {tuple(t.shape)}")
+            packing = time.perf_counter()
+            src = t.detach().to(device=self.device, dtype=DTYPES[meta.dtype]).contiguous()  # itself where it fits
+            pack_s += time.perf_counter() - packing
+            works.append(_post_broadcast(self._pg, src, self.spec))
+            nbytes += src.numel() * src.element_size()
+        for work in works:
+            work.wait()
+        self._slot = 0
+        return SentBytes(nbytes, pack_s, waited + (time.perf_counter() - start) - pack_s)
 
     def _wait(self, key: str | None) -> float:
         """Wait for the broadcast from buffer `key` (None: every one in flight); returns the seconds waited."""
@@ -325,6 +353,17 @@ class WeightReceiver:
             pool.append(fresh)
         return fresh[:total]
 
+    def _post(self, flat: torch.Tensor, bucket: tuple[TensorMeta, ...], zero_copy: bool) -> list[Any]:
+        """Start receiving one bucket into `flat`: one broadcast, or one per tensor into its view (zero_copy)."""
+        if not zero_copy:
+            return [_post_broadcast(self._pg, flat, self.spec)]
+        works, offset = [], 0
+        for meta in bucket:
+            n = _numel(meta.shape)
+            works.append(_post_broadcast(self._pg, flat[offset:offset + n], self.spec))
+            offset += n
+        return works
+
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
         """The manifest's tensors, in order, as views into the pooled receive buffers (a buffer is never reused
         while any view of it is held, so a kept tensor keeps its values)."""
@@ -333,15 +372,16 @@ class WeightReceiver:
         if not buckets:
             return
         flat = self._buffer(buckets[0])
-        work = _post_broadcast(self._pg, flat, self.spec)
+        works = self._post(flat, buckets[0], manifest.zero_copy)
         for k, bucket in enumerate(buckets):
             start = time.perf_counter()
-            work.wait()
+            for work in works:
+                work.wait()
             self.wait_s += time.perf_counter() - start
             current = flat
             if k + 1 < len(buckets):  # bucket k+1 on the wire while the loader takes bucket k
                 flat = self._buffer(buckets[k + 1])
-                work = _post_broadcast(self._pg, flat, self.spec)
+                works = self._post(flat, buckets[k + 1], manifest.zero_copy)
             offset = 0
             for meta in bucket:
                 n = _numel(meta.shape)

@@ -112,11 +112,14 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
 def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
     """K = 2 DeepSpeed ranks under ZeRO-3: every rank takes part in the full-weight gather for the sync, and the
     engine then computes the learner's logprobs. (A plug-in reward, as here, gets no learner self-certainty forward;
-    that forward on ZeRO-3 ranks, each scoring its own share: tests/distributed/test_learner_ranks_on_cpu.py.)"""
+    that forward on ZeRO-3 ranks, each scoring its own share: tests/distributed/test_learner_ranks_on_cpu.py.) The
+    sync sends each gathered tensor as it lies (weight_sync.zero_copy), before the gather is released, and loads it in
+    place (rollout.weight_load=auto on this layout)."""
     _register_by_value()
     pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
     cfg = _cfg(tmp_path, 2)
     cfg.learner.num_ranks, cfg.learner.zero_stage, cfg.learner.num_cpus_per_rank = 2, 3, 0.5
+    cfg.weight_sync.zero_copy = True
     result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad,
                       score_fn=variety_reward)
     assert result.num_steps == 2
@@ -125,6 +128,7 @@ def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, pr
         assert r["policy_version"] == r["step"] - 1
         assert r["weight_sync/check_max_abs_logprob_diff"] < 1e-4
         assert r["train/sampler_logprob_abs_diff_max"] < 1e-4
+        assert r["weight_sync/in_place"] == 1.0
     before, after = _weights(tiny_model_dir), _weights(tmp_path / "rl" / "hf")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 

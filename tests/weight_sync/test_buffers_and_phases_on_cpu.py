@@ -110,3 +110,27 @@ def test_phases_follow_the_slowest_engine_and_add_up_to_at_most_the_push():
     assert phases(4.0, SentBytes(10, 3.0, 0.0), [ReceiveStats(0.5, 2.0, 0.5, 0.25)]).pack_s == 0.5
     # Test doubles return plain bytes and None: zero phases.
     assert phases(1.0, 10, [None]) == SyncStats(1.0, 10)
+
+
+def test_zero_copy_sends_each_tensor_from_where_it_lies_and_delivers_the_same_bytes():
+    """weight_sync.zero_copy: no send buffer at all, one broadcast per tensor (a non-contiguous or other-dtype tensor
+    is copied once); the receiver still lands each bucket in its pooled buffer, reused by the next sync."""
+    import dataclasses
+
+    first, second = _weights(0), _weights(1)
+    second[1] = ("w1", second[1][1].t().contiguous().t())  # non-contiguous: sent through a copy
+    second[2] = ("w2", second[2][1].double())  # another dtype: cast to the manifest's float32
+    manifest = dataclasses.replace(
+        make_manifest(((n, tuple(t.shape), torch.float32) for n, t in first), bucket_bytes=64 * 24 * 4),
+        zero_copy=True)
+    sender, receiver = _pair()
+    ptrs = []
+    for weights in (first, second):
+        sent, got = _sync(sender, receiver, manifest, weights)
+        assert sent == manifest.num_bytes and sent.pack_s >= 0 and sent.transfer_s >= 0
+        for name, want in weights:
+            torch.testing.assert_close(got[name], want.float(), rtol=0, atol=0)
+        assert sender.buffers == {}  # nothing packed
+        ptrs.append([t.data_ptr() for pool in receiver.pools.values() for t in pool])
+        assert 2 <= len(ptrs[-1]) < len(manifest.buckets)
+    assert ptrs[0] == ptrs[1]  # the second sync reused the receive buffers

@@ -6,6 +6,7 @@ layout the in-place path cannot take (q/k/v parts not adjacent) falls back under
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -77,8 +78,8 @@ def _assert_engine_holds(engine, want: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("weight_load", ["in_place", "layerwise"])
-def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weight_load):
+@pytest.mark.parametrize("weight_load, zero_copy", [("in_place", False), ("layerwise", False), ("in_place", True)])
+def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weight_load, zero_copy):
     from transformers import AutoModelForCausalLM
 
     from shop_r1.rollout.vllm_engine import VLLMEngine
@@ -89,6 +90,7 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
             AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters()]
     # The learners' layout: q/k/v and gate/up parts adjacent, never split across buckets.
     manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10, fuse=True)
+    manifest = dataclasses.replace(manifest, zero_copy=zero_copy)  # weight_sync.zero_copy: a broadcast per tensor
     assert len(manifest.buckets) > 3
     sender = _connect(engine)
 
@@ -105,9 +107,9 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
         if ptrs is not None:
             assert now == ptrs  # the second sync reused the receive buffers
         ptrs = now
-        assert sender.buffers  # one persistent send buffer
+        assert bool(sender.buffers) != zero_copy  # persistent send buffers, unless sent from the tensors themselves
 
-    if weight_load == "in_place":
+    if weight_load == "in_place" and not zero_copy:
         # Qwen2's parameter order interleaves q/k/v weights and biases: not the fused layout.
         plain = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10)
         sent = {n: t * 0.5 for n, t in base}
