@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -97,6 +98,7 @@ def main() -> None:
         raw = raw_broadcast_seconds(num_bytes)
     finally:
         runtime.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)  # the run's model, checkpoints and data (GBs for SmolLM2)
     sync = sum(r["timing/weight_sync"] for r in rows) / len(rows)
     step = sum(r["timing/step"] for r in rows) / len(rows)
     other = sum(r["timing/other"] for r in rows) / len(rows)
