@@ -357,6 +357,17 @@ def _iv(d: Mapping[str, float] | None, scale: float = 100, sign: str = "") -> st
     return f"{scale * d['value']:{sign}.2f} [{scale * d['low']:{sign}.1f}, {scale * d['high']:{sign}.1f}]"
 
 
+def shop_r1_minus_continued(settings: Sequence[Setting]) -> dict[str, float] | None:
+    """Shop-R1 minus SFT continued for RL's wall time, exact match, paired with sessions resampled as every other
+    'vs' column (None where either row is missing): RL has to beat more imitation, not only less."""
+    by_name = {s.name: s for s in settings}
+    shop, cont = by_name.get("shop_r1"), by_name.get("sft_continued")
+    if shop is None or cont is None:
+        return None
+    c = compare([shop, cont], reference=cont.label)
+    return c.row(shop.label).vs_reference["exact_match"].to_dict()
+
+
 def _seed_tables(agg: dict[str, dict[str, Any]], rows: list, pairs: dict[int, dict], oracles: dict[int, float | None],
                  paper: dict[str, str]) -> list[str]:
     """The mean ± SD table (models in suite order, then the baselines) and the per-seed paired table."""
@@ -373,27 +384,29 @@ def _seed_tables(agg: dict[str, dict[str, Any]], rows: list, pairs: dict[int, di
             _ms(s["predicted_terminate"]), _ms(s.get("minus_sft"), sign="+"),
             _ms(s.get("minus_best_baseline"), sign="+"), per_seed, str(s["exact_match"]["n"]),
             paper.get(e["label"], "-")]) + " |")
-    head2 = ["Seed", "Shop-R1 − SFT (pp) [95% CI]", "best baseline (exact %)", "Shop-R1 − best baseline (pp)",
-             "SFT − best baseline (pp)", "Oracle ceiling %"]
+    head2 = ["Seed", "Shop-R1 − SFT (pp) [95% CI]", "Shop-R1 − SFT continued (pp)", "best baseline (exact %)",
+             "Shop-R1 − best baseline (pp)", "SFT − best baseline (pp)", "Oracle ceiling %"]
     lines += ["", "Paired differences in exact match per seed (sessions resampled; above 0: the first is better); the "
               "oracle is the shop's own policy read off each test prompt.", "",
               "| " + " | ".join(head2) + " |", "|" + "---|" * len(head2)]
     for k, p in pairs.items():
         best = f"{p['best_baseline']} ({100 * p['best_baseline_exact']:.2f})" if p["best_baseline"] else "-"
         lines.append("| " + " | ".join([
-            str(k), _iv(p["shop_r1_minus_sft"], sign="+"), best, _iv(p["shop_r1_minus_best_baseline"], sign="+"),
+            str(k), _iv(p["shop_r1_minus_sft"], sign="+"), _iv(p.get("shop_r1_minus_sft_continued"), sign="+"), best,
+            _iv(p["shop_r1_minus_best_baseline"], sign="+"),
             _iv(p["sft_minus_best_baseline"], sign="+"),
             f"{100 * oracles[k]:.2f}" if oracles.get(k) is not None else "-"]) + " |")
     known = [v for v in oracles.values() if v is not None]
     if len(pairs) > 1:
-        lines.append(f"| mean ± SD | {_mean_of(pairs, 'shop_r1_minus_sft')} | | "
+        lines.append(f"| mean ± SD | {_mean_of(pairs, 'shop_r1_minus_sft')} | "
+                     f"{_mean_of(pairs, 'shop_r1_minus_sft_continued')} | | "
                      f"{_mean_of(pairs, 'shop_r1_minus_best_baseline')} | {_mean_of(pairs, 'sft_minus_best_baseline')}"
                      f" | {_ms(mean_sd(known)) if known else '-'} |")
     return lines
 
 
 def _mean_of(pairs: dict[int, dict], key: str) -> str:
-    values = [p[key]["value"] for p in pairs.values() if p[key] is not None]
+    values = [p[key]["value"] for p in pairs.values() if p.get(key) is not None]
     return _ms(mean_sd(values), sign="+") if values else "-"
 
 
@@ -454,6 +467,7 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     out.mkdir(parents=True, exist_ok=True)
     rows = list(suite.rows)
     comparisons: dict[int, Comparison] = {}
+    continued: dict[int, dict[str, float] | None] = {}
     per_seed: dict[int, dict[str, Any]] = {}
     plots: list[str] = []
     for k, ws in workspaces.items():
@@ -462,10 +476,11 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
         per_seed[k] = _seed_record(ws, rows, c)
         if c is not None:
             comparisons[k] = c
+            continued[k] = shop_r1_minus_continued(settings)
             _write_predictions(settings, out / "predictions" / str(k))
             plots += _plots(ws, rows, out, suffix=f"_seed{k}")
     agg = aggregate(comparisons)
-    pairs = {k: paired(c) for k, c in comparisons.items()}
+    pairs = {k: {**paired(c), "shop_r1_minus_sft_continued": continued[k]} for k, c in comparisons.items()}
     oracles = {k: per_seed[k]["oracle_exact"] for k in workspaces}
     configs = [ws / "config.yaml" for ws in workspaces.values() if (ws / "config.yaml").exists()]
     if configs:

@@ -327,13 +327,16 @@ def test_summarize_seeds_mean_sd_paired_predictions_and_plots(tmp_path, monkeypa
     best = pair["best_baseline_exact"]
     assert pair["shop_r1_minus_best_baseline"]["value"] == pytest.approx(1.0 - best)
     assert pair["shop_r1_minus_sft"]["value"] == pytest.approx(0.25)
+    # SFT continued answers as SFT here: Shop-R1 − SFT continued is Shop-R1 − SFT, paired alike
+    assert pair["shop_r1_minus_sft_continued"] == pytest.approx(pair["shop_r1_minus_sft"])
+    assert saved["paired"]["0"]["shop_r1_minus_sft_continued"]["value"] == pytest.approx(-0.25)
     assert saved["per_seed"]["2"]["not_run"] == ["SFT", "SFT continued (RL's wall time)", "SFT + Shop-R1"]
     assert saved["oracle_exact"] == {"0": None, "1": None, "2": None}  # no config.yaml: no profile known
     table = (out / "table.md").read_text()
     assert "| SFT + Shop-R1 | 62.50 ± 53.03 | +0.500 ± 0.707 |" in table
     assert "*Always terminate* (baseline)" in table and "s0: 25.00 [" in table and "## Seed 1" in table
     assert "SFT continued: 26 more SFT steps = floor(134 s" in table and "- a note" in table
-    assert "not run yet, seed 2" in table and "| mean ± SD | +0.00 ± 35.36 |" in table
+    assert "not run yet, seed 2" in table and "| mean ± SD | +0.00 ± 35.36 | +0.00 ± 35.36 |" in table
     for k in (0, 1):
         assert sorted(p.name for p in (out / "predictions" / str(k)).iterdir()) == [
             "always_terminate.jsonl.gz", "majority_type.jsonl.gz", "sft.jsonl.gz", "sft_continued.jsonl.gz",
