@@ -23,7 +23,7 @@ def test_config_show_prints_the_chosen_transport(capsys):
 
     main(["config", "show", "weight_sync.transport=gloo"])
     shown = json.loads(capsys.readouterr().out)
-    assert shown["weight_sync"] == {"transport": "gloo"}
+    assert shown["weight_sync"] == {"transport": "gloo", "zero_copy": False}
     assert list(shown)[-1] == "weight_sync"  # a new section after the others: the earlier output is unchanged
 
 

@@ -17,8 +17,9 @@ class FakeEngines:
 class RecordedBroadcast:
     """Stands in for BroadcastSync (which would form a process group): records what it was built with."""
 
-    def __init__(self, learners, engines, bucket_bytes, backend):
+    def __init__(self, learners, engines, bucket_bytes, backend, zero_copy=False):
         self.learners, self.engines, self.bucket_bytes, self.backend = learners, engines, bucket_bytes, backend
+        self.zero_copy = zero_copy
 
 
 @pytest.fixture
@@ -41,7 +42,15 @@ def test_the_configured_transport_and_bucket_reach_the_sync(recorded, overrides,
     sync = weight_sync_from_config(cfg, learners, engines, local=False)
     assert isinstance(sync, RecordedBroadcast)
     assert (sync.learners, sync.engines, sync.backend, sync.bucket_bytes) == (learners, engines, backend, 3 << 20)
+    assert sync.zero_copy is False
     assert f"weight sync: bucketed {backend} broadcast from learner rank 0 to the engines" in capsys.readouterr().out
+
+
+def test_weight_sync_zero_copy_reaches_the_sync(recorded, capsys):
+    cfg = load_config(None, ["weight_sync.zero_copy=true"])
+    sync = weight_sync_from_config(cfg, object(), FakeEngines(), local=False)
+    assert isinstance(sync, RecordedBroadcast) and sync.zero_copy is True
+    assert "(one broadcast per tensor, from the parameters)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("transport", ["auto", "direct"])

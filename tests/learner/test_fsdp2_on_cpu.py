@@ -88,7 +88,7 @@ def test_weights_handed_on_are_the_hf_models(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from shop_r1.learner.forward import Forward
-    from shop_r1.weight_sync.broadcast import SyncGroupSpec, WeightReceiver
+    from shop_r1.weight_sync.broadcast import SyncGroupSpec, WeightReceiver, fusion_order
 
     learner = FSDP2Learner(str(tiny_model_dir), LearnerConfig(), lr=1e-2, total_steps=1)
     batch = _grouped_batch(1)
@@ -109,8 +109,9 @@ def test_weights_handed_on_are_the_hf_models(tiny_model_dir, tmp_path):
     torch.testing.assert_close(torch.tensor([x for r in ours for x in r]), theirs[mask], atol=1e-5, rtol=1e-5)
 
     manifest = learner.weight_manifest(bucket_bytes=1 << 20)
-    assert [(m.name, m.shape) for b in manifest.buckets for m in b] == [(n, tuple(t.shape))
-                                                                        for n, t in weights.items()]
+    # every weight once, in the layout vLLM fuses (q/k/v and gate/up parts adjacent: the in-place load)
+    assert [(m.name, m.shape) for b in manifest.buckets for m in b] == [(n, tuple(weights[n].shape))
+                                                                        for n in fusion_order(weights)]
     host, port = learner.open_weight_sync_store(timeout_s=60)
     spec = SyncGroupSpec(host, port, world_size=2, timeout_s=60)
     got: dict = {}
