@@ -90,8 +90,6 @@ class VLLMEngine:
 
         self.on_gpu = torch.cuda.is_available()
         self.cfg = cfg
-        self.load_path = ""
-        """The path the last weight load took: `in_place`, or `layerwise (why)`."""
         if not self.on_gpu:
             # Must be set before vLLM reads them; an explicit user setting wins.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -184,7 +182,6 @@ class VLLMEngine:
             results = self.llm.collective_rpc("shop_r1_load_weights", args=(tensors, names, mode))
             stream_s, path = max(r[0] for r in results), results[0][1]  # the slowest worker
             load_s = stream_s
-        self.load_path = path
         loaded = time.perf_counter()
         self.llm.reset_prefix_cache()
         self._version = version
