@@ -368,6 +368,48 @@ def shop_r1_minus_continued(settings: Sequence[Setting]) -> dict[str, float] | N
     return c.row(shop.label).vs_reference["exact_match"].to_dict()
 
 
+def minus_shop_r1(settings: Sequence[Setting], rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """Each RL variant of the Shop-R1 run (a row with GRPO overrides: binary RL, an ablation, a switch, another
+    temperature) minus Shop-R1, exact match, paired with sessions resampled: one seed's test of a paper trend.
+    Empty where Shop-R1 or every variant is missing."""
+    by_name = {s.name: s for s in settings}
+    shop = by_name.get("shop_r1")
+    variants = [by_name[r.name] for r in rows if r.rl_overrides and r.name in by_name]
+    if shop is None or not variants:
+        return {}
+    c = compare([shop, *variants], reference=shop.label)
+    return {s.name: c.row(s.label).vs_reference["exact_match"].to_dict() for s in variants}
+
+
+def direction(iv: Mapping[str, float]) -> str:
+    """'below' / 'above' where the whole 95% interval of a difference is under / over 0, else 'level'."""
+    return "below" if iv["high"] < 0 else "above" if iv["low"] > 0 else "level"
+
+
+def _variant_table(agg: dict[str, dict[str, Any]], rows: list, variants: dict[int, dict[str, dict[str, float]]]
+                   ) -> list[str]:
+    """Per RL variant: its paired difference from the Shop-R1 run on each seed, mean ± SD, on how many seeds the
+    interval lies below / across / above 0, and the paper's difference in exact match where it reports the row."""
+    seeds = [k for k, v in variants.items() if v]
+    names = [r.name for r in rows if any(r.name in variants[k] for k in seeds)]
+    if not names:
+        return []
+    head = ["Setting", *(f"seed {k}: − Shop-R1 (pp) [95% CI]" for k in seeds), "mean ± SD (pp)",
+            "seeds below / level / above", "Paper: − Shop-R1 (pp, exact)"]
+    lines = ["", "Each RL variant against the Shop-R1 run of its seed (paired differences in exact match, sessions "
+             "resampled; below 0: the variant is worse, as the paper's ablations are):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        ivs = [variants[k].get(name) for k in seeds]
+        have = [iv for iv in ivs if iv is not None]
+        counts = [sum(direction(iv) == d for iv in have) for d in ("below", "level", "above")]
+        paper = f"{PAPER[name][0] - PAPER['shop_r1'][0]:+.2f}" if name in PAPER else "-"
+        lines.append("| " + " | ".join([agg[name]["label"], *(_iv(iv, sign="+") for iv in ivs),
+                                        _ms(mean_sd([iv["value"] for iv in have]), sign="+"),
+                                        " / ".join(map(str, counts)), paper]) + " |")
+    return lines
+
+
 def _seed_tables(agg: dict[str, dict[str, Any]], rows: list, pairs: dict[int, dict], oracles: dict[int, float | None],
                  paper: dict[str, str]) -> list[str]:
     """The mean ± SD table (models in suite order, then the baselines) and the per-seed paired table."""
@@ -468,6 +510,7 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     rows = list(suite.rows)
     comparisons: dict[int, Comparison] = {}
     continued: dict[int, dict[str, float] | None] = {}
+    variants: dict[int, dict[str, dict[str, float]]] = {}
     per_seed: dict[int, dict[str, Any]] = {}
     plots: list[str] = []
     for k, ws in workspaces.items():
@@ -477,6 +520,7 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
         if c is not None:
             comparisons[k] = c
             continued[k] = shop_r1_minus_continued(settings)
+            variants[k] = minus_shop_r1(settings, rows)
             _write_predictions(settings, out / "predictions" / str(k))
             plots += _plots(ws, rows, out, suffix=f"_seed{k}")
     agg = aggregate(comparisons)
@@ -492,7 +536,7 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
         plots.insert(0, p.name)
     payload = {"suite": suite_name, "machine": _machine_note(), "seeds": list(workspaces),
                "rows": {r.name: r.label for r in rows}, "notes": list(suite.notes), "aggregate": agg,
-               "paired": pairs, "oracle_exact": oracles, "per_seed": per_seed}
+               "paired": pairs, "minus_shop_r1": variants, "oracle_exact": oracles, "per_seed": per_seed}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     md = [f"# {suite_name} on {_machine_note()}", "",
           f"Seeds {', '.join(map(str, workspaces))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
@@ -500,7 +544,8 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
               f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "
           "Mean ± SD over the seeds (SD with n - 1); baselines (in italics) are fitted on each seed's training "
           "split and scored on its test split; 'vs' columns: paired differences in exact match, points.", "",
-          *(_seed_tables(agg, rows, pairs, oracles, _paper(rows, "")) if agg else ["No row evaluated yet."]), "",
+          *(_seed_tables(agg, rows, pairs, oracles, _paper(rows, "")) if agg else ["No row evaluated yet."]),
+          *_variant_table(agg, rows, variants), "",
           *[f"- {n}" for n in suite.notes],
           *[f"- not run yet, seed {k}: {', '.join(r['not_run'])}" for k, r in per_seed.items() if r["not_run"]], ""]
     for k, c in comparisons.items():

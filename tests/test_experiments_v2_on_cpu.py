@@ -357,6 +357,33 @@ def test_fig2_over_seeds_plots_the_temperatures(tmp_path, monkeypatch):
     assert "Shop-R1, T=0.6" in (out / "table.md").read_text()
 
 
+def test_each_rl_variant_is_paired_with_the_shop_r1_run_of_its_seed(tmp_path, monkeypatch):
+    monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
+    variant = suites.Row("no_format_reward", "w/o format reward", ("reward.format_reward=false",))
+    suite = suites.Suite((suites.SFT_ROW, variant, suites.SHOP_R1), workspace="v2")
+    wss = _seed_workspaces(tmp_path)
+    # The variant answers as SFT: seed 0 2/4 against Shop-R1's 1/4 (+25 points), seed 1 3/4 against 4/4 (-25).
+    _write_eval(wss[0] / "eval" / "no_format_reward", "w/o format reward", SFT_RESPONSES)
+    _write_eval(wss[1] / "eval" / "no_format_reward", "w/o format reward", SEED1_SFT)
+    out = summarize.summarize_seeds("v2_table4", suite, wss, tmp_path / "results")
+    saved = json.loads((out / "results.json").read_text())["minus_shop_r1"]
+    assert saved["0"]["no_format_reward"]["value"] == pytest.approx(0.25)
+    assert saved["1"]["no_format_reward"]["value"] == pytest.approx(-0.25)
+    assert "2" not in saved  # seed 2 has no evaluated row: nothing paired
+    table = (out / "table.md").read_text()
+    # mean 0, SD 0.5 / sqrt(2); the paper's w/o format reward is 2.87 - 27.72 = -24.85 points
+    assert "| +0.00 ± 35.36 |" in table and "| -24.85 |" in table
+    assert "Each RL variant against the Shop-R1 run" in table
+    # SFT and Shop-R1 are not variants of the Shop-R1 run
+    assert set(saved["0"]) == {"no_format_reward"}
+
+
+def test_direction_of_a_difference_reads_its_whole_interval():
+    assert summarize.direction({"value": -0.05, "low": -0.09, "high": -0.01}) == "below"
+    assert summarize.direction({"value": 0.05, "low": 0.01, "high": 0.09}) == "above"
+    assert summarize.direction({"value": -0.05, "low": -0.09, "high": 0.0}) == "level"
+
+
 def test_oracle_ceiling_of_a_profiled_workspace(tmp_path):
     from shop_r1.data.synth import synthesize_sessions
     from shop_r1.data.synth.policy import oracle_exact
