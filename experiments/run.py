@@ -15,7 +15,8 @@ share the data, the model and the SFT stage; each row is one GRPO run from the S
     table5  SFT and Shop-R1 with whole-session context (a second data/SFT workspace)         (paper Table 5)
 
 Suites on the profiled shop (issue 21, section 5): the main job's config (configs/demo_cpu.yaml, everything tuned
-there) with data.synth_version=2, eval.split=test and logging.wandb=false forced, over seeds (default 0 1 2): seed k
+there; its profiled shop, data.synth_version 2 or 3) with eval.split=test and logging.wandb=false forced,
+over seeds (default 0 1 2): seed k
 is its own workspace ROOT/v2/seed<k> with `seed=k data.synth_seed=k` (its own data, model, SFT and RL runs), shared
 by the three v2 suites (Shop-R1 and SFT are trained once per seed):
     v2_table2  zero-shot, SFT, SFT continued for the Shop-R1 GRPO stage's wall time, SFT + RL (binary), SFT + Shop-R1
@@ -63,9 +64,11 @@ from shop_r1.config import Config, ConfigError, config_to_dict, load_config, sav
 
 BASE_CONFIG = ROOT / "experiments" / "configs" / "base.yaml"
 V2_BASE_CONFIG = ROOT / "configs" / "demo_cpu.yaml"
-V2_FORCED = ("data.synth_version=2", "eval.split=test", "logging.wandb=false")
-"""On top of the main job's config for every v2 suite: the profiled shop, the test split for every row (the
-validation split, if data.val_fraction makes one, still feeds GRPO's periodic validation), no wandb files."""
+V2_FORCED = ("eval.split=test", "logging.wandb=false")
+"""On top of the main job's config for every v2 suite: the test split for every row (the validation split, if
+data.val_fraction makes one, still feeds GRPO's periodic validation), no wandb files. The shop is the config's
+profiled one (data.synth_version 2 or 3; the committed v2_* tables were made with 2: data.synth_version=2 redoes
+them)."""
 SEED_KEYS = ("seed", "data.synth_seed", "eval.split")
 """Set by the v2 driver per workspace (--seeds) and V2_FORCED; an override of them is refused."""
 
@@ -75,7 +78,10 @@ def v2_base_config(path: str | Path, overrides: list[str] | tuple[str, ...]) -> 
     for o in overrides:
         if o.split("=", 1)[0] in SEED_KEYS:
             raise ConfigError(f"{o!r}: the v2 suites set {', '.join(SEED_KEYS)} themselves (use --seeds)")
-    return load_config(path, [*overrides, *V2_FORCED])
+    cfg = load_config(path, [*overrides, *V2_FORCED])
+    if cfg.data.synth_version < 2:
+        raise ConfigError(f"data.synth_version={cfg.data.synth_version}: the v2 suites need the profiled shop (2 or 3)")
+    return cfg
 
 
 def seed_overrides(root: Path, k: int) -> tuple[str, ...]:

@@ -336,7 +336,7 @@ def oracle(ws: Path) -> float | None:
     if not (path.exists() and test.exists()):
         return None
     cfg = load_config(path)
-    if cfg.data.sessions_path or cfg.data.synth_version != 2 or not cfg.data.persona:
+    if cfg.data.sessions_path or cfg.data.synth_version < 2 or not cfg.data.persona:
         return None
     from shop_r1.data.examples import load_rl_examples
     from shop_r1.data.synth.policy import oracle_exact
@@ -364,8 +364,7 @@ def shop_r1_minus_continued(settings: Sequence[Setting]) -> dict[str, float] | N
     shop, cont = by_name.get("shop_r1"), by_name.get("sft_continued")
     if shop is None or cont is None:
         return None
-    c = compare([shop, cont], reference=cont.label)
-    return c.row(shop.label).vs_reference["exact_match"].to_dict()
+    return _minus(cont, [shop])["shop_r1"]
 
 
 def minus_shop_r1(settings: Sequence[Setting], rows: Sequence[Row]) -> dict[str, dict[str, float]]:
@@ -377,8 +376,13 @@ def minus_shop_r1(settings: Sequence[Setting], rows: Sequence[Row]) -> dict[str,
     variants = [by_name[r.name] for r in rows if r.rl_overrides and r.name in by_name]
     if shop is None or not variants:
         return {}
-    c = compare([shop, *variants], reference=shop.label)
-    return {s.name: c.row(s.label).vs_reference["exact_match"].to_dict() for s in variants}
+    return _minus(shop, variants)
+
+
+def _minus(reference: Setting, others: Sequence[Setting]) -> dict[str, dict[str, float]]:
+    """Each of `others` minus `reference` in exact match, paired, sessions resampled (compare's 'vs' column)."""
+    c = compare([reference, *others], reference=reference.label)
+    return {s.name: c.row(s.label).vs_reference["exact_match"].to_dict() for s in others}
 
 
 def direction(iv: Mapping[str, float]) -> str:

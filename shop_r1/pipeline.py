@@ -200,7 +200,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
             raise ValueError("eval.split=val needs a validation split: set data.val_fraction > 0")
         eval_path = built.rl_val_path
         print(f"  evaluating on the validation split ({built.num_rl_val} examples), not the test split")
-    if not cfg.data.sessions_path and cfg.data.synth_version == 2 and cfg.data.persona:
+    if not cfg.data.sessions_path and cfg.data.synth_version >= 2 and cfg.data.persona:
         from shop_r1.data.examples import load_rl_examples
         from shop_r1.data.synth.policy import oracle_exact
 

@@ -31,7 +31,7 @@ def default_corpus(num_sessions: int = 150, seed: int = 0, version: int = 1) -> 
     from shop_r1.data.synth import synthesize_sessions
 
     yield SYSTEM_PROMPT
-    if version == 2:
+    if version >= 2:
         yield SHORT_SYSTEM_PROMPT
     for session in synthesize_sessions(num_sessions, seed, version):
         if session.persona:

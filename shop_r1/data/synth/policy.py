@@ -21,6 +21,10 @@ reads them off its own earlier answers (in the history) instead of counting the 
 Measured on validation (seed 0, README "The main job"): SFT 38.5 -> 33.6 % exact (queries worse), and GRPO then
 gained on every action type (+2.7 [+0.0, +5.5] vs SFT); on the untuned test seeds 4242 and 7 it did not hold (GRPO
 again traded `terminate` for `type_and_submit`, below SFT).
+In wording 3 (`Profile.wording`, the shop's version 3) the same decisions are written so that each profile fact the
+decision needs is copied next to it, after the same word as in the profile ("My patience: products two, searches
+three; I've opened 1 and searched 2; I want a waterproof tent under $100, and nothing here fits, so I'll search for
+\"tent\"."): the limits and what is wanted come before the choice that depends on them.
 """
 
 from __future__ import annotations
@@ -123,6 +127,8 @@ def _views(history: Sequence[Action]) -> list[str]:
 def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decision:
     """The shopper's next action on `page`, after the session's earlier actions `history` (len = step index)."""
     p = profile
+    if p.wording == 3:
+        return _decide_wording3(p, page, history)
     want = f"{p.feature} {p.noun}"
     searches = sum(a.type == "type_and_submit" for a in history)
     queries = p.queries()
@@ -173,6 +179,57 @@ def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decis
                         f"{state}; nothing here is a {want} under ${p.budget}, so I'll search for \"{q}\".")
     return Decision(Action("terminate"),
                     f"{state}, and found no {want} under ${p.budget}, so I'll leave.")
+
+
+def _decide_wording3(p: Profile, page: PageView, history: Sequence[Action]) -> Decision:
+    """`decide`'s rule, word for word the same actions, written as wording 3 writes its rationales."""
+    searches = sum(a.type == "type_and_submit" for a in history)
+    queries = p.queries()
+    want = f"I want {p.want}"
+    if len(history) >= MAX_STEPS:
+        return Decision(Action("terminate"), "I've spent long enough on this, so I'll stop here.")
+    if page.kind == "home":
+        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, queries[0]),
+                        f"{want}, so I'll search for \"{queries[0]}\".")
+    if page.kind == "cart":
+        return Decision(Action("click", "proceed_to_checkout"), "I have what I came for, so I'll check out now.")
+    if page.kind == "product" and page.product is not None:
+        prod = page.product
+        seen = f"{want}, and this one at ${prod.price:.2f} with {prod.rating} stars"
+        if fits(p, prod.title, prod.price, page.product_brand) and prod.rating >= p.min_rating:
+            if p.buy_now:
+                return Decision(Action("click", "buy_now"), f"{seen} fits, so I'll buy it now.")
+            return Decision(Action("click", "add_to_cart"), f"{seen} fits, so I'll add it to my cart.")
+        reason = (f"is not from {p.brand}" if p.brand and page.product_brand != p.brand else
+                  "is over my budget" if prod.price >= p.budget else
+                  f"is under my {p.min_rating:.1f} stars" if prod.rating < p.min_rating else "is not it")
+        return Decision(Action("click", "back_to_results"), f"{seen} {reason}, so I'll go back to the results.")
+    if page.kind != "results":
+        return Decision(Action("terminate"), "This page is not what I was looking for, so I'll leave.")
+    viewed = _views(history)
+    state = f"My patience: {p.patience}; I've opened {len(viewed)} and searched {searches}"
+    if p.uses_filters and p.brand:
+        for label, name, checked in page.brands:
+            if label == p.brand and not checked:
+                return Decision(Action("click", name),
+                                f"{state}; I prefer {p.brand}, so I'll filter the results to it.")
+    bucket = budget_bucket(p.budget)
+    if p.uses_filters and page.price_current != bucket:
+        return Decision(Action("click", f"refinements.price.{bucket}"),
+                        f"{state}; my budget is under ${p.budget}, so I'll narrow the results to that price range.")
+    if len(viewed) >= p.max_views:
+        return Decision(Action("terminate"), f"{state}, and that is all I open, so I'll stop here.")
+    for item in page.results:
+        if item.name not in viewed and fits(p, item.title, item.price):
+            return Decision(Action("click", item.name),
+                            f"{state}; {want}, and the {item.title} at ${item.price:.2f} fits, so I'll take a closer "
+                            "look.")
+    if searches < len(queries):
+        q = queries[searches]
+        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, q),
+                        f"{state}; {want}, and nothing here fits, so I'll search for \"{q}\".")
+    return Decision(Action("terminate"), f"{state}; {want}, and nothing here fits, and that is all my searches, so "
+                    "I'll leave.")
 
 
 def noise_alternatives(profile: Profile, page: PageView, history: Sequence[Action]) -> list[Action]:

@@ -12,6 +12,24 @@ of every prompt of their session (`Session.persona`), and read back from it by t
 
 `render` and `parse` are inverses; a profile is everything the shopper's policy (`policy.decide`) reads besides the
 screen and the session's own history.
+
+Wording 3 (the shop's version 3: the same shoppers and actions, other words) writes the profile so that a small model
+can copy each fact into its rationale by matching the word before it, as an induction head does:
+
+    Looking for: tent
+    Must have: waterproof
+    Budget: under $100
+    Wants: a waterproof tent under $100  (the rationales' "I want a waterproof tent under $100": " a" -> the phrase)
+    Brand: prefer Osprey               (the rationales' "I prefer Osprey")
+    Uses filters: yes
+    Minimum rating: 4.0 stars
+    Patience: products two, searches three   (the rationales' "My patience: products two, searches three")
+    Checkout: buy now
+
+In wording 2 the patience numbers follow "up to " in both places (a space token and a digit: nothing tells the two
+apart) and the rationales name "a <feature> <noun>" where the profile has the noun first: measured on seed 23's
+committed SFT answers (v2_table2), the rationale's patience limit was right on 41 % of results pages (3 values: about
+chance) and "<feature> <noun>" on 17 %, while the budget (after its own "$") was right on 78 %.
 """
 
 from __future__ import annotations
@@ -28,6 +46,9 @@ BUDGETS = (25, 50, 100, 200)
 ends at the budget (e.g. "$50 to $100" for under $100), so they then see only that band."""
 MIN_RATINGS = (0.0, 3.5, 4.0, 4.3)
 PROFILE_HEADER = PERSONA_HEADER
+WORDINGS = (2, 3)
+NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+_WORD_NUMBERS = {w: n for n, w in NUMBER_WORDS.items()}
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,18 @@ class Profile:
     max_views: int
     max_searches: int
     buy_now: bool
+    wording: int = 2
+    """How the profile and the rationales are written (module docstring); the policy's actions do not depend on it."""
+
+    @property
+    def want(self) -> str:
+        """What the shopper looks for as one phrase ("a waterproof tent under $100"; wording 3)."""
+        return f"a {self.feature} {self.noun} under ${self.budget}"
+
+    @property
+    def patience(self) -> str:
+        """The limits as wording 3 writes them in the profile and in the rationales."""
+        return f"products {NUMBER_WORDS[self.max_views]}, searches {NUMBER_WORDS[self.max_searches]}"
 
     def queries(self) -> tuple[str, ...]:
         """The searches this shopper tries, in order (the first on the home page)."""
@@ -49,6 +82,18 @@ class Profile:
         return (f"{self.feature} {self.noun}", self.noun, third, f"best {self.noun}")[: self.max_searches]
 
     def render(self) -> str:
+        if self.wording == 3:
+            return "\n".join([
+                f"Looking for: {self.noun}",
+                f"Must have: {self.feature}",
+                f"Budget: under ${self.budget}",
+                f"Wants: {self.want}",
+                f"Brand: {'prefer ' + self.brand if self.brand else 'any'}",
+                f"Uses filters: {'yes' if self.uses_filters else 'no'}",
+                f"Minimum rating: {self.min_rating:.1f} stars",
+                f"Patience: {self.patience}",
+                f"Checkout: {'buy now' if self.buy_now else 'add to cart'}",
+            ])
         return "\n".join([
             f"Looking for: {self.noun}",
             f"Must have: {self.feature}",
@@ -61,8 +106,10 @@ class Profile:
         ])
 
 
-_LINE = re.compile(r"^(Looking for|Must have|Budget|Brand|Uses filters|Minimum rating|Patience|Checkout): (.*)$")
+_LINE = re.compile(r"^(Looking for|Must have|Budget|Wants|Brand|Uses filters|Minimum rating|Patience|Checkout): "
+                   r"(.*)$")
 _PATIENCE = re.compile(r"looks at up to (\d+) products and tries up to (\d+) searches")
+_PATIENCE_WORDS = re.compile(r"^products (\w+), searches (\w+)$")
 
 
 def _category_of(noun: str) -> str:
@@ -73,7 +120,8 @@ def _category_of(noun: str) -> str:
 
 
 def parse_profile(text: str) -> Profile:
-    """The inverse of `Profile.render` (lines in any order, other lines ignored); a missing field is an error."""
+    """The inverse of `Profile.render` (lines in any order, other lines ignored); a missing field is an error. A
+    "Wants" line marks wording 3."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         m = _LINE.match(line.strip())
@@ -83,24 +131,38 @@ def parse_profile(text: str) -> Profile:
                            "Patience", "Checkout") if k not in fields]
     if missing:
         raise ValueError(f"profile: missing {missing}")
-    patience = _PATIENCE.search(fields["Patience"])
+    wording = 3 if "Wants" in fields else 2
     budget = re.search(r"\$(\d+)", fields["Budget"])
     rating = re.match(r"([\d.]+)", fields["Minimum rating"])
-    if patience is None or budget is None or rating is None:
+    if wording == 3:
+        words = _PATIENCE_WORDS.match(fields["Patience"])
+        patience = (_WORD_NUMBERS.get(words.group(1)), _WORD_NUMBERS.get(words.group(2))) if words else None
+        brand_text = fields["Brand"].removeprefix("prefer ")
+    else:
+        digits = _PATIENCE.search(fields["Patience"])
+        patience = (int(digits.group(1)), int(digits.group(2))) if digits else None
+        brand_text = fields["Brand"]
+    if patience is None or None in patience or budget is None or rating is None:
         raise ValueError(f"profile: cannot read {fields}")
     noun = fields["Looking for"]
-    return Profile(category=_category_of(noun), noun=noun, feature=fields["Must have"], budget=int(budget.group(1)),
-                   brand=None if fields["Brand"] == "any" else fields["Brand"],
-                   uses_filters=fields["Uses filters"] == "yes", min_rating=float(rating.group(1)),
-                   max_views=int(patience.group(1)), max_searches=int(patience.group(2)),
-                   buy_now=fields["Checkout"] == "buy now")
+    profile = Profile(category=_category_of(noun), noun=noun, feature=fields["Must have"],
+                      budget=int(budget.group(1)), brand=None if brand_text == "any" else brand_text,
+                      uses_filters=fields["Uses filters"] == "yes", min_rating=float(rating.group(1)),
+                      max_views=patience[0], max_searches=patience[1], buy_now=fields["Checkout"] == "buy now",
+                      wording=wording)
+    if wording == 3 and fields["Wants"] != profile.want:
+        raise ValueError(f"profile: 'Wants: {fields['Wants']}' disagrees with its other lines ({profile.want!r})")
+    return profile
 
 
-def make_profile(rng: random.Random) -> Profile:
+def make_profile(rng: random.Random, wording: int = 2) -> Profile:
+    if wording not in WORDINGS:
+        raise ValueError(f"profile wording must be one of {WORDINGS}, got {wording!r}")
     category = rng.choice(list(CATEGORIES))
     nouns, features, brands, (lo, _) = CATEGORIES[category]
     return Profile(category=category, noun=rng.choice(nouns), feature=rng.choice(features),
                    budget=rng.choice([b for b in BUDGETS if b > lo + 10]),
                    brand=rng.choice(brands) if rng.random() < 0.35 else None,
                    uses_filters=rng.random() < 0.25, min_rating=rng.choice(MIN_RATINGS),
-                   max_views=rng.randint(1, 3), max_searches=rng.randint(2, 4), buy_now=rng.random() < 0.5)
+                   max_views=rng.randint(1, 3), max_searches=rng.randint(2, 4), buy_now=rng.random() < 0.5,
+                   wording=wording)

@@ -97,7 +97,7 @@ class ProfiledShopper:
 
 
 def synthesize_profiled_session(index: CatalogIndex, deals: list[Product], session_id: str, rng: random.Random,
-                                noise: float) -> Session:
-    profile = make_profile(rng)
+                                noise: float, wording: int = 2) -> Session:
+    profile = make_profile(rng, wording)
     steps = ProfiledShopper(index, profile, rng, noise).run(pages.home_page(deals))
     return Session(session_id=session_id, steps=tuple(steps), persona=profile.render())
