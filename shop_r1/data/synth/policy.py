@@ -124,112 +124,125 @@ def _views(history: Sequence[Action]) -> list[str]:
     return [a.name for a in history if a.type == "click" and a.name.endswith(".view_product")]
 
 
-def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decision:
-    """The shopper's next action on `page`, after the session's earlier actions `history` (len = step index)."""
-    p = profile
-    if p.wording == 3:
-        return _decide_wording3(p, page, history)
+@dataclass(frozen=True)
+class _Step:
+    """Which branch of the rule fired, with what its rationale names."""
+
+    action: Action
+    branch: str  # max_steps | home | cart | buy | back | off_shop | brand_filter | price_filter | enough_views
+    #              | open | search | out_of_searches
+    viewed: int = 0
+    searches: int = 0
+    listing: Listing | None = None  # the product on screen (buy, back) or the result opened (open)
+    reason: str = ""  # back: brand | budget | rating | other
+
+
+def _rule(p: Profile, page: PageView, history: Sequence[Action]) -> _Step:
+    """The rule of the module docstring: the action and the branch that chose it (no words)."""
+    searches = sum(a.type == "type_and_submit" for a in history)
+    queries = p.queries()
+    if len(history) >= MAX_STEPS:
+        return _Step(Action("terminate"), "max_steps")
+    if page.kind == "home":
+        return _Step(Action("type_and_submit", pages.SEARCH_INPUT, queries[0]), "home")
+    if page.kind == "cart":
+        return _Step(Action("click", "proceed_to_checkout"), "cart")
+    if page.kind == "product" and page.product is not None:
+        prod = page.product
+        if fits(p, prod.title, prod.price, page.product_brand) and prod.rating >= p.min_rating:
+            return _Step(Action("click", "buy_now" if p.buy_now else "add_to_cart"), "buy", listing=prod)
+        reason = ("brand" if p.brand and page.product_brand != p.brand else "budget" if prod.price >= p.budget else
+                  "rating" if prod.rating < p.min_rating else "other")
+        return _Step(Action("click", "back_to_results"), "back", listing=prod, reason=reason)
+    if page.kind != "results":
+        return _Step(Action("terminate"), "off_shop")
+    viewed = _views(history)
+    state = {"viewed": len(viewed), "searches": searches}
+    if p.uses_filters and p.brand:
+        for label, name, checked in page.brands:
+            if label == p.brand and not checked:
+                return _Step(Action("click", name), "brand_filter", **state)
+    bucket = budget_bucket(p.budget)
+    if p.uses_filters and page.price_current != bucket:
+        return _Step(Action("click", f"refinements.price.{bucket}"), "price_filter", **state)
+    if len(viewed) >= p.max_views:
+        return _Step(Action("terminate"), "enough_views", **state)
+    for item in page.results:
+        if item.name not in viewed and fits(p, item.title, item.price):
+            return _Step(Action("click", item.name), "open", listing=item, **state)
+    if searches < len(queries):
+        return _Step(Action("type_and_submit", pages.SEARCH_INPUT, queries[searches]), "search", **state)
+    return _Step(Action("terminate"), "out_of_searches", **state)
+
+
+_SHARED_WORDS = {
+    "max_steps": "I've spent long enough on this, so I'll stop here.",
+    "cart": "I have what I came for, so I'll check out now.",
+    "off_shop": "This page is not what I was looking for, so I'll leave.",
+}
+
+
+def _words_2(p: Profile, s: _Step) -> str:
+    """Wording 2: the rationales of version 2."""
     want = f"{p.feature} {p.noun}"
-    searches = sum(a.type == "type_and_submit" for a in history)
-    queries = p.queries()
-    if len(history) >= MAX_STEPS:
-        return Decision(Action("terminate"), "I've spent long enough on this, so I'll stop here.")
-    if page.kind == "home":
-        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, queries[0]),
-                        f"I need a {want} under ${p.budget}, so I'll search for \"{queries[0]}\".")
-    if page.kind == "cart":
-        return Decision(Action("click", "proceed_to_checkout"), "I have what I came for, so I'll check out now.")
-    if page.kind == "product" and page.product is not None:
-        prod = page.product
-        if fits(p, prod.title, prod.price, page.product_brand) and prod.rating >= p.min_rating:
-            if p.buy_now:
-                return Decision(Action("click", "buy_now"),
-                                f"This {want} is ${prod.price:.2f} with {prod.rating} stars, so I'll buy it now.")
-            return Decision(Action("click", "add_to_cart"),
-                            f"This {want} is ${prod.price:.2f} with {prod.rating} stars, so I'll add it to my cart.")
-        reason = (f"is not from {p.brand}" if p.brand and page.product_brand != p.brand else
-                  f"is over my budget of ${p.budget}" if prod.price >= p.budget else
-                  f"only has {prod.rating} stars" if prod.rating < p.min_rating else f"is not a {want}")
-        return Decision(Action("click", "back_to_results"), f"This one {reason}, so I'll go back to the results.")
-    if page.kind != "results":
-        return Decision(Action("terminate"), "This page is not what I was looking for, so I'll leave.")
-    viewed = _views(history)
-    state = (f"I've opened {len(viewed)} of my {p.max_views} products and made {searches} of my {p.max_searches} "
+    item = s.listing
+    if s.branch == "home":
+        return f"I need a {want} under ${p.budget}, so I'll search for \"{s.action.text}\"."
+    if s.branch == "buy":
+        then = "buy it now" if p.buy_now else "add it to my cart"
+        return f"This {want} is ${item.price:.2f} with {item.rating} stars, so I'll {then}."
+    if s.branch == "back":
+        reason = {"brand": f"is not from {p.brand}", "budget": f"is over my budget of ${p.budget}",
+                  "rating": f"only has {item.rating} stars", "other": f"is not a {want}"}[s.reason]
+        return f"This one {reason}, so I'll go back to the results."
+    state = (f"I've opened {s.viewed} of my {p.max_views} products and made {s.searches} of my {p.max_searches} "
              "searches")
-    if p.uses_filters and p.brand:
-        for label, name, checked in page.brands:
-            if label == p.brand and not checked:
-                return Decision(Action("click", name),
-                                f"{state}; I prefer {p.brand}, so I'll filter the results to it.")
-    bucket = budget_bucket(p.budget)
-    if p.uses_filters and page.price_current != bucket:
-        return Decision(Action("click", f"refinements.price.{bucket}"),
-                        f"{state}; my budget is under ${p.budget}, so I'll narrow the results to that price range.")
-    if len(viewed) >= p.max_views:
-        return Decision(Action("terminate"),
-                        f"{state}, and none was right, so I'll stop here.")
-    for item in page.results:
-        if item.name not in viewed and fits(p, item.title, item.price):
-            return Decision(Action("click", item.name),
-                            f"{state}; the {item.title} is {p.feature} and ${item.price:.2f}, under my ${p.budget} "
-                            "budget, so I'll take a closer look.")
-    if searches < len(queries):
-        q = queries[searches]
-        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, q),
-                        f"{state}; nothing here is a {want} under ${p.budget}, so I'll search for \"{q}\".")
-    return Decision(Action("terminate"),
-                    f"{state}, and found no {want} under ${p.budget}, so I'll leave.")
+    if s.branch == "open":
+        return (f"{state}; the {item.title} is {p.feature} and ${item.price:.2f}, under my ${p.budget} budget, so "
+                "I'll take a closer look.")
+    return state + {
+        "brand_filter": f"; I prefer {p.brand}, so I'll filter the results to it.",
+        "price_filter": f"; my budget is under ${p.budget}, so I'll narrow the results to that price range.",
+        "enough_views": ", and none was right, so I'll stop here.",
+        "search": f"; nothing here is a {want} under ${p.budget}, so I'll search for \"{s.action.text}\".",
+        "out_of_searches": f", and found no {want} under ${p.budget}, so I'll leave.",
+    }[s.branch]
 
 
-def _decide_wording3(p: Profile, page: PageView, history: Sequence[Action]) -> Decision:
-    """`decide`'s rule, word for word the same actions, written as wording 3 writes its rationales."""
-    searches = sum(a.type == "type_and_submit" for a in history)
-    queries = p.queries()
+def _words_3(p: Profile, s: _Step) -> str:
+    """Wording 3: each profile fact the decision needs, after the same word as in the profile, before the choice."""
     want = f"I want {p.want}"
-    if len(history) >= MAX_STEPS:
-        return Decision(Action("terminate"), "I've spent long enough on this, so I'll stop here.")
-    if page.kind == "home":
-        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, queries[0]),
-                        f"{want}, so I'll search for \"{queries[0]}\".")
-    if page.kind == "cart":
-        return Decision(Action("click", "proceed_to_checkout"), "I have what I came for, so I'll check out now.")
-    if page.kind == "product" and page.product is not None:
-        prod = page.product
-        seen = f"{want}, and this one at ${prod.price:.2f} with {prod.rating} stars"
-        if fits(p, prod.title, prod.price, page.product_brand) and prod.rating >= p.min_rating:
-            if p.buy_now:
-                return Decision(Action("click", "buy_now"), f"{seen} fits, so I'll buy it now.")
-            return Decision(Action("click", "add_to_cart"), f"{seen} fits, so I'll add it to my cart.")
-        reason = (f"is not from {p.brand}" if p.brand and page.product_brand != p.brand else
-                  "is over my budget" if prod.price >= p.budget else
-                  f"is under my {p.min_rating:.1f} stars" if prod.rating < p.min_rating else "is not it")
-        return Decision(Action("click", "back_to_results"), f"{seen} {reason}, so I'll go back to the results.")
-    if page.kind != "results":
-        return Decision(Action("terminate"), "This page is not what I was looking for, so I'll leave.")
-    viewed = _views(history)
-    state = f"My patience: {p.patience}; I've opened {len(viewed)} and searched {searches}"
-    if p.uses_filters and p.brand:
-        for label, name, checked in page.brands:
-            if label == p.brand and not checked:
-                return Decision(Action("click", name),
-                                f"{state}; I prefer {p.brand}, so I'll filter the results to it.")
-    bucket = budget_bucket(p.budget)
-    if p.uses_filters and page.price_current != bucket:
-        return Decision(Action("click", f"refinements.price.{bucket}"),
-                        f"{state}; my budget is under ${p.budget}, so I'll narrow the results to that price range.")
-    if len(viewed) >= p.max_views:
-        return Decision(Action("terminate"), f"{state}, and that is all I open, so I'll stop here.")
-    for item in page.results:
-        if item.name not in viewed and fits(p, item.title, item.price):
-            return Decision(Action("click", item.name),
-                            f"{state}; {want}, and the {item.title} at ${item.price:.2f} fits, so I'll take a closer "
-                            "look.")
-    if searches < len(queries):
-        q = queries[searches]
-        return Decision(Action("type_and_submit", pages.SEARCH_INPUT, q),
-                        f"{state}; {want}, and nothing here fits, so I'll search for \"{q}\".")
-    return Decision(Action("terminate"), f"{state}; {want}, and nothing here fits, and that is all my searches, so "
-                    "I'll leave.")
+    item = s.listing
+    if s.branch == "home":
+        return f"{want}, so I'll search for \"{s.action.text}\"."
+    if s.branch in ("buy", "back"):
+        seen = f"{want}, and this one at ${item.price:.2f} with {item.rating} stars"
+        if s.branch == "buy":
+            return f"{seen} fits, so I'll {'buy it now' if p.buy_now else 'add it to my cart'}."
+        reason = {"brand": f"is not from {p.brand}", "budget": "is over my budget",
+                  "rating": f"is under my {p.min_rating:.1f} stars", "other": "is not it"}[s.reason]
+        return f"{seen} {reason}, so I'll go back to the results."
+    state = f"My patience: {p.patience}; I've opened {s.viewed} and searched {s.searches}"
+    if s.branch == "open":
+        return f"{state}; {want}, and the {item.title} at ${item.price:.2f} fits, so I'll take a closer look."
+    return state + {
+        "brand_filter": f"; I prefer {p.brand}, so I'll filter the results to it.",
+        "price_filter": f"; my budget is under ${p.budget}, so I'll narrow the results to that price range.",
+        "enough_views": ", and that is all I open, so I'll stop here.",
+        "search": f"; {want}, and nothing here fits, so I'll search for \"{s.action.text}\".",
+        "out_of_searches": f"; {want}, and nothing here fits, and that is all my searches, so I'll leave.",
+    }[s.branch]
+
+
+_WORDS = {2: _words_2, 3: _words_3}
+
+
+def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decision:
+    """The shopper's next action on `page`, after the session's earlier actions `history` (len = step index), with
+    its rationale in the profile's wording (the action does not depend on the wording)."""
+    step = _rule(profile, page, history)
+    words = _SHARED_WORDS.get(step.branch)
+    return Decision(step.action, words if words is not None else _WORDS[profile.wording](profile, step))
 
 
 def noise_alternatives(profile: Profile, page: PageView, history: Sequence[Action]) -> list[Action]:
