@@ -1,4 +1,4 @@
-"""The version-2 shopper's policy: the next action as a function of the profile, the page on screen and the session's
+"""The profiled shopper's policy (shop versions 2 and 3): the next action as a function of the profile, the page on screen and the session's
 own earlier actions, nothing hidden. The generator and the oracle both call `decide`; the generator on the page it
 just rendered, the oracle on what a prompt shows (`oracle_action`), so the oracle's exact match is 1 minus the share
 of noisy steps, by construction.
@@ -25,6 +25,8 @@ In wording 3 (`Profile.wording`, the shop's version 3) the same decisions are wr
 decision needs is copied next to it, after the same word as in the profile ("My patience: products two, searches
 three; I've opened 1 and searched 2; I want a waterproof tent under $100, and nothing here fits, so I'll search for
 \"tent\"."): the limits and what is wanted come before the choice that depends on them.
+
+`_rule` is the rule once (the action and the branch that chose it); `_words_2` / `_words_3` write its rationale.
 """
 
 from __future__ import annotations
