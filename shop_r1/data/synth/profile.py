@@ -29,7 +29,9 @@ can copy each fact into its rationale by matching the word before it, as an indu
 In wording 2 the patience numbers follow "up to " in both places (a space token and a digit: nothing tells the two
 apart) and the rationales name "a <feature> <noun>" where the profile has the noun first: measured on seed 23's
 committed SFT answers (v2_table2), the rationale's patience limit was right on 41 % of results pages (3 values: about
-chance) and "<feature> <noun>" on 17 %, while the budget (after its own "$") was right on 78 %.
+chance) and "<feature> <noun>" on 17-19 %, while the budget (after its own "$") was right on 78 %. What wording 3
+changed (experiments/stated_facts.py; README "The main job"): each SFT model then copied one of the two limits on
+every page and stated the other at chance (searches on seed 0, products on seed 71), and the wanted phrase on 35-42 %.
 """
 
 from __future__ import annotations
