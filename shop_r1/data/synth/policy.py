@@ -1,7 +1,7 @@
 """The profiled shopper's policy (shop versions 2 and 3): the next action as a function of the profile, the page on
-screen and the session's own earlier actions, nothing hidden. The generator and the oracle both call `decide`; the generator on the page it
-just rendered, the oracle on what a prompt shows (`oracle_action`), so the oracle's exact match is 1 minus the share
-of noisy steps, by construction.
+screen and the session's own earlier actions, nothing hidden. The generator and the oracle both call `decide`; the
+generator on the page it just rendered, the oracle on what a prompt shows (`oracle_action`), so the oracle's exact
+match is 1 minus the share of noisy steps, by construction.
 
 The rule, in order (results page):
  1. a shopper who uses filters ticks their preferred brand when the page offers it, then
