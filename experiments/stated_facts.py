@@ -67,7 +67,10 @@ def stated_facts(profiles: Mapping[str, Profile], predictions: Iterable[Mapping[
         except (ValueError, KeyError, TypeError):
             out["unparsed"] += 1
             continue
-        p = profiles[rec["example_id"]]
+        p = profiles.get(rec["example_id"])
+        if p is None:
+            raise ValueError(f"prediction for example_id {rec['example_id']!r}: no such example in the examples file "
+                             "(predictions and examples of different runs?)")
         stated = _stated(rationale)
         if stated is not None:
             out["limits_stated"] += 1

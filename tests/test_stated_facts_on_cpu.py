@@ -3,6 +3,8 @@
 import dataclasses
 import json
 
+import pytest
+
 from experiments.stated_facts import render, stated_facts
 from shop_r1.data.synth.profile import Profile
 
@@ -42,3 +44,8 @@ def test_counts_by_hand():
                                  "searches_used_up": {"type_and_submit": 1, "terminate": 1}}
     assert r["rule_broken_share"] == 0.5
     assert "the rule broken on 50 %" in render("x", r)
+
+
+def test_a_prediction_of_another_run_is_named():
+    with pytest.raises(ValueError, match="'zz'.*no such example"):
+        stated_facts({"a": P3}, [{"example_id": "zz", "response": _answer("x")}])
