@@ -30,6 +30,7 @@ SUITE: dict[str, tuple[str, list[str], list[str]]] = {
                 ["--prompts", "4", "--n", "2", "--max-new-tokens", "16"]),
     "learner": ("bench_learner.py", ["--batch", "8", "--prompt-tokens", "512", "--completion-tokens", "64"],
                 ["--batch", "4", "--prompt-tokens", "128", "--completion-tokens", "16", "--steps", "2"]),
+    "causal_mask": ("bench_causal_mask.py", ["--repeats", "5"], ["--repeats", "1", "--rows", "6"]),
     "weight_sync": ("bench_weight_sync.py", ["--steps", "4"], ["--steps", "2"]),
     # The same on SmolLM2-135M (540 MB of fp32 weights): the sync's cost against moving the bytes.
     "weight_sync_smollm2": ("bench_weight_sync.py", ["--model", "smollm2", "--steps", "3"], []),
@@ -77,6 +78,11 @@ def summary_rows(results: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("Learner (group, GRPO step)", f"{r['group_tokens_per_s']:,.0f} tokens/s",
                      f"bare DeepSpeed, full-vocab logits {r['bare_tokens_per_s']:,.0f} tokens/s",
                      f"{r['ratio_group_over_bare']:.2f}x"))
+    if r := results.get("causal_mask"):
+        rows.append((f"SFT micro-batches, right-padded rows ({r['shape']})",
+                     f"causal mask {r['causal_s']['median']:.2f} s",
+                     f"padding mask {r['padding_mask_s']['median']:.2f} s",
+                     f"{r['padding_over_causal']['median']:.2f}x"))
     if r := results.get("weight_sync"):
         rows.append(("Weight sync", f"{r['weight_sync_s'] * 1e3:.1f} ms ({r['weight_sync_gb_per_s']:.2f} GB/s)",
                      f"raw broadcast {r['raw_broadcast_s'] * 1e3:.1f} ms ({r['raw_broadcast_gb_per_s']:.2f} GB/s)",

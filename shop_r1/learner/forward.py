@@ -49,6 +49,16 @@ def _packing_saves(attention_mask: torch.Tensor) -> bool:
     return len(first_fit_decreasing(lengths, max(lengths, default=0))) < len(lengths)
 
 
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row of `attention_mask` [b, T] is ones then zeros. Then the model's own causal mask gives the
+    real positions the outputs the padding mask gives (a real token never looks ahead, and every pad is after the
+    row's last real token; position ids count from 0 either way), and transformers' SDPA runs it as `is_causal`,
+    skipping the blocks above the diagonal, instead of a dense 4D mask: SFT steps of the main job ~1.4x faster on
+    CPU (benchmarks/bench_causal_mask.py). Pad positions' outputs differ, and nothing reads them."""
+    mask = attention_mask.bool()
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
 def _flex_ready(model: Any, device: torch.device) -> None:
     """Make `model` run FlexAttention (learner.attention=flex), once: the switch is kept, so gradient checkpointing's
     recomputation and later forwards use the same kernel. Loud where it cannot work. CUDA only: torch's CPU
@@ -99,7 +109,8 @@ class Forward:
             hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
                                  attention_mask=mask).last_hidden_state
             return Hidden(hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev))
-        hidden = model.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).last_hidden_state
+        mask = None if right_padded(attention_mask) else attention_mask.to(dev)
+        hidden = model.model(input_ids=input_ids.to(dev), attention_mask=mask).last_hidden_state
         rows, width = input_ids.shape
         source = torch.arange(rows * width, device=dev).view(rows, width) - 1
         source[:, 0] = -1

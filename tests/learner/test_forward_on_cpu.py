@@ -59,3 +59,44 @@ def test_completion_logprobs_and_self_certainty_equal_the_full_forward(tiny_mode
             expected = float(kl_to_uniform_logits(logits[:-1][rationale], "u_to_p").mean()) if rationale.any() else 0.0
             assert certainty[b] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert sum(v != 0 for v in certainty) >= 2
+
+
+def test_right_padded_by_hand():
+    from shop_r1.learner.forward import right_padded
+
+    assert right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert right_padded(torch.tensor([[1, 1], [0, 0]]))  # an all-pad row has no real position to change
+    assert not right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left-padded
+    assert not right_padded(torch.tensor([[1, 0, 1]]))  # a hole
+
+
+def test_right_padded_rows_run_causal_and_left_padded_rows_keep_their_mask(tiny_model_dir):
+    """Right-padded rows reach the transformer without the padding mask (its causal mask alone: SDPA's is_causal),
+    left-padded ones with it; either way each real position's logprob equals the row run alone."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    seen = []
+    model.model.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs.get("attention_mask")),
+                                          with_kwargs=True)
+    g = torch.Generator().manual_seed(0)
+    lengths = [9, 5, 7]
+    rows = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in lengths]
+    forward = Forward(torch.device("cpu"))
+    for left in (False, True):
+        ids = torch.zeros(3, 9, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for b, r in enumerate(rows):
+            cols = slice(9 - len(r), 9) if left else slice(0, len(r))
+            ids[b, cols], attn[b, cols] = r, 1
+        target = attn.clone()
+        target[:, :1] = 0
+        if left:
+            target[attn.cumsum(1) == 1] = 0  # each row's first real token is never a target
+        seen.clear()
+        with torch.no_grad():
+            got = forward.target_logprobs(model, ids, attn, target)
+        assert (seen[0] is None) == (not left)
+        for b, r in enumerate(rows):
+            with torch.no_grad():
+                alone = torch.log_softmax(model(r[None]).logits[0, :-1].float(), -1).gather(-1, r[1:, None])[:, 0]
+            cols = slice(9 - len(r) + 1, 9) if left else slice(1, len(r))
+            torch.testing.assert_close(got[b, cols], alone, rtol=1e-5, atol=1e-5)

@@ -147,7 +147,6 @@ def test_dropped_groups_known_before_s_give_todays_numbers(models, shared_prompt
     assert out.updated and out.self_certainty == pytest.approx(values, rel=1e-6, abs=1e-9)
     assert out.advantages.zero_signal.tolist() == adv.zero_signal.tolist() == [True, False, False]
     torch.testing.assert_close(out.advantages.advantages, adv.advantages, rtol=1e-6, atol=1e-9)
-    assert out.self_certainty[:2] == values[:2]  # group 0's: the same no-grad forward of the same micro-batch
     if scale == "batch":  # group 0's s(r) is in the std (alpha * s against totals ~1000: a small move)
         moved = step_advantages(SPLIT.with_self_certainty([0.0, 0.0, *values[2:]], adv_cfg.reward), adv_cfg)
         assert float((moved.advantages - adv.advantages).abs().max()) > 1e-9
