@@ -25,24 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_packing import build_model  # noqa: E402
 from common import emit, machine, spread  # noqa: E402
 
-SHAPES = {  # (layers, hidden, intermediate, heads, kv heads, vocab)
-    "shop": (2, 128, 384, 4, 2, 1846),  # configs/demo_cpu.yaml's from-scratch model
-    "smollm2": (30, 576, 1536, 9, 3, 49152),
-}
-
-
-def build_model(shape: str):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    layers, hidden, inter, heads, kv, vocab = SHAPES[shape]
-    kwargs = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                  num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=8192,
-                  tie_word_embeddings=True, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**kwargs)) if shape == "smollm2" else Qwen2ForCausalLM(Qwen2Config(**kwargs))
+SHAPE_NAMES = ("shop", "smollm2")  # bench_packing.SHAPES: the main job's from-scratch model, SmolLM2-135M
 
 
 def micro_batches(args: argparse.Namespace, vocab: int):
@@ -62,7 +48,7 @@ def micro_batches(args: argparse.Namespace, vocab: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="shop")
+    parser.add_argument("--shape", choices=SHAPE_NAMES, default="shop")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--len-min", type=int, default=600)
     parser.add_argument("--len-max", type=int, default=1850)
@@ -78,7 +64,7 @@ def main() -> None:
     import shop_r1.learner.forward as forward_mod
     from shop_r1.learner.forward import Forward
 
-    model = build_model(args.shape)
+    model = build_model(args.shape, "sdpa", "cpu")
     mbs = micro_batches(args, model.config.vocab_size)
     fw = Forward(torch.device("cpu"))
     real = forward_mod.right_padded

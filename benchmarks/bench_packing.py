@@ -27,6 +27,7 @@ from common import emit, machine, spread  # noqa: E402
 
 SHAPES = {  # (layers, hidden, intermediate, heads, kv heads, vocab)
     "tiny": (2, 64, 128, 4, 2, 512),
+    "shop": (2, 128, 384, 4, 2, 1846),  # configs/demo_cpu.yaml's from-scratch model (bench_causal_mask.py)
     "smollm2": (30, 576, 1536, 9, 3, 49152),  # SmolLM2-135M's shape (Llama)
     "qwen2-0.5b": (24, 896, 4864, 14, 2, 151936),  # Qwen2.5-0.5B's shape
 }
