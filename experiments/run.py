@@ -15,7 +15,7 @@ share the data, the model and the SFT stage; each row is one GRPO run from the S
     table5  SFT and Shop-R1 with whole-session context (a second data/SFT workspace)         (paper Table 5)
 
 Suites on the profiled shop (issue 21, section 5): the main job's config (configs/demo_cpu.yaml, everything tuned
-there; its profiled shop, data.synth_version 2 or 3) with eval.split=test and logging.wandb=false forced,
+there; its profiled shop, data.synth_version 2-4) with eval.split=test and logging.wandb=false forced,
 over seeds (default 0 1 2): seed k
 is its own workspace ROOT/v2/seed<k> with `seed=k data.synth_seed=k` (its own data, model, SFT and RL runs), shared
 by the three v2 suites (Shop-R1 and SFT are trained once per seed):
@@ -67,7 +67,7 @@ V2_BASE_CONFIG = ROOT / "configs" / "demo_cpu.yaml"
 V2_FORCED = ("eval.split=test", "logging.wandb=false")
 """On top of the main job's config for every v2 suite: the test split for every row (the validation split, if
 data.val_fraction makes one, still feeds GRPO's periodic validation), no wandb files. The shop is the config's
-profiled one (data.synth_version 2 or 3; the committed v2_* tables were made with 2: data.synth_version=2 redoes
+profiled one (data.synth_version 2-4; the committed v2_* tables were made with 2: data.synth_version=2 redoes
 them)."""
 SEED_KEYS = ("seed", "data.synth_seed", "eval.split")
 """Set by the v2 driver per workspace (--seeds) and V2_FORCED; an override of them is refused."""
@@ -80,7 +80,7 @@ def v2_base_config(path: str | Path, overrides: list[str] | tuple[str, ...]) -> 
             raise ConfigError(f"{o!r}: the v2 suites set {', '.join(SEED_KEYS)} themselves (use --seeds)")
     cfg = load_config(path, [*overrides, *V2_FORCED])
     if cfg.data.synth_version < 2:
-        raise ConfigError(f"data.synth_version={cfg.data.synth_version}: the v2 suites need the profiled shop (2 or 3)")
+        raise ConfigError(f"data.synth_version={cfg.data.synth_version}: the v2 suites need the profiled shop (2-4)")
     return cfg
 
 

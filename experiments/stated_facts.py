@@ -1,10 +1,11 @@
 """What a model's rationales say about the shopper, against the profile in its prompt, and whether its action follows
-the shop's rule from what its own rationale says (the profiled shop, data.synth_version 2 or 3).
+the shop's rule from what its own rationale says (the profiled shop, data.synth_version 2-4).
 
     python experiments/stated_facts.py EXAMPLES.jsonl PREDICTIONS.jsonl[.gz] [...]
 
 - limits: on results pages the rationale states the profile's limits ("of my 2 products ... of my 3 searches" in
-  version 2, "My patience: products two, searches three" in version 3); how often each equals the profile's.
+  version 2, "My patience: products two, searches three" in version 3, "... searches thrice" in version 4); how
+  often each equals the profile's.
 - want: "<feature> <noun>" (version 2) or "a <feature> <noun> under $<budget>" (version 3) against the profile's.
 - stop or search: answers whose rationale says nothing on the page fits. The shop's rule is then: search again while
   searches made < the limit, else leave. Counted from the rationale's *own* numbers (whatever the profile says), so
@@ -27,10 +28,11 @@ if str(ROOT) not in sys.path:
 
 from shop_r1.data.examples import load_rl_examples  # noqa: E402
 from shop_r1.data.synth.policy import profile_of_prompt  # noqa: E402
-from shop_r1.data.synth.profile import NUMBER_WORDS, Profile  # noqa: E402
+from shop_r1.data.synth.profile import NUMBER_WORDS, SEARCH_WORDS, Profile  # noqa: E402
 
 _WORDS = {w: n for n, w in NUMBER_WORDS.items()}
-_LIMITS = (re.compile(r"My patience: products (\w+), searches (\w+); I've opened (\d+) and searched (\d+)"),
+_SEARCH_WORDS = {**_WORDS, **{w: n for n, w in SEARCH_WORDS.items()}}
+_LIMITS = (re.compile(r"My patience: products (\w+), searches (four times|\w+); I've opened (\d+) and searched (\d+)"),
            re.compile(r"I've opened (\d+) of my (\d+) products and made (\d+) of my (\d+) searches"))
 _WANT = (re.compile(r"I want (a .*? under \$\d+)"), re.compile(r"(?:I need a|is not a|nothing here is a) (.*?) under"))
 _NOTHING_FITS = ("nothing here fits", "nothing here is a")
@@ -40,7 +42,7 @@ def _stated(rationale: str) -> tuple[int, int, int] | None:
     """(products limit, searches limit, searches made) as the rationale states them, or None."""
     m = _LIMITS[0].search(rationale)
     if m:
-        limits = (_WORDS.get(m.group(1)), _WORDS.get(m.group(2)))
+        limits = (_WORDS.get(m.group(1)), _SEARCH_WORDS.get(m.group(2)))
         return None if None in limits else (limits[0], limits[1], int(m.group(4)))
     m = _LIMITS[1].search(rationale)
     return (int(m.group(2)), int(m.group(4)), int(m.group(3))) if m else None

@@ -246,10 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = data.add_parser("synth", help="generate synthetic shopping sessions (seeded, deterministic)")
     p.add_argument("--num-sessions", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--version", type=int, default=2, choices=(1, 2, 3),
+    p.add_argument("--version", type=int, default=2, choices=(1, 2, 3, 4),
                    help="2: profiled shoppers with a known policy (default); 3: the same, worded so a small model "
-                        "can copy the profile's facts; 1: the paper-setting shop")
-    p.add_argument("--noise", type=float, default=0.1, help="versions 2, 3: share of steps off the policy")
+                        "can copy the profile's facts; 4: as 3, the two limits in disjoint words; 1: the "
+                        "paper-setting shop")
+    p.add_argument("--noise", type=float, default=0.1, help="versions 2-4: share of steps off the policy")
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=cmd_data_synth)
     p = data.add_parser("convert-opera", help="OPeRA action table (Parquet) -> sessions JSONL")

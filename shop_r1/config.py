@@ -163,14 +163,15 @@ class DataConfig:
     """Sessions the synthetic shop generates when no `sessions_path` is given."""
     synth_seed: int = 0
     """Seed of the synthetic shop (any int)."""
-    synth_version: int = bounded(2, ge=1, le=3)
+    synth_version: int = bounded(2, ge=1, le=4)
     """The synthetic shop: 2, shoppers with a profile shown in the prompt and a policy that reads only the profile,
     the page and the session's own actions, so the next action can be known up to `synth_noise`; 3, version 2's
     shoppers and actions with the profile and rationales worded so a small model can copy each fact it needs
-    (shop_r1/data/synth/profile.py); 1, the paper-setting shop of the committed Tables 2, 4, 5 and Figure 2 (hidden
-    intents and coin flips decide most steps)."""
+    (shop_r1/data/synth/profile.py); 4, version 3 with the searches limit in words of its own ("thrice"), so no
+    profile value shares a word with another; 1, the paper-setting shop of the committed Tables 2, 4, 5 and
+    Figure 2 (hidden intents and coin flips decide most steps)."""
     synth_noise: float = bounded(0.1, ge=0, le=1)
-    """Versions 2 and 3: the share of steps (after the first) where the shopper does something other than the policy's
+    """Versions 2-4: the share of steps (after the first) where the shopper does something other than the policy's
     action; an oracle reading only the prompt reaches 1 - synth_noise."""
     persona: bool = True
     """Head every prompt of a session with what is known of its shopper (`persona`: the synthetic profile, or OPeRA's

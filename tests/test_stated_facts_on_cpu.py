@@ -49,3 +49,20 @@ def test_counts_by_hand():
 def test_a_prediction_of_another_run_is_named():
     with pytest.raises(ValueError, match="'zz'.*no such example"):
         stated_facts({"a": P3}, [{"example_id": "zz", "response": _answer("x")}])
+
+
+def test_version_4_limits_are_read_in_their_own_words():
+    p4 = dataclasses.replace(P3, max_searches=4, wording=4)
+    records = [
+        # v4, both limits right ("four times"), searches left (2 < 4), types: follows
+        ("a", _answer("My patience: products two, searches four times; I've opened 0 and searched 2; I want a "
+                      "waterproof tent under $100, and nothing here fits, so I'll search for \"tent\".",
+                      "type_and_submit", name="search_input", text="tent")),
+        # v4, searches limit wrong (twice = 2, used up at 2) and leaves: follows its own numbers
+        ("a", _answer("My patience: products one, searches twice; I've opened 0 and searched 2; I want a waterproof "
+                      "tent under $100, and nothing here fits, and that is all my searches, so I'll leave.")),
+    ]
+    r = stated_facts({"a": p4}, [{"example_id": k, "response": v} for k, v in records])
+    assert (r["limits_stated"], r["products_limit_right"], r["searches_limit_right"]) == (2, 1, 1)
+    assert r["nothing_fits"] == {"searches_left": {"type_and_submit": 1}, "searches_used_up": {"terminate": 1}}
+    assert r["rule_broken_share"] == 0.0

@@ -55,7 +55,7 @@ def test_profile_text_round_trips_and_a_disagreeing_wants_line_is_refused():
         import random
 
         from shop_r1.data.synth.profile import make_profile
-        make_profile(random.Random(0), wording=4)
+        make_profile(random.Random(0), wording=5)
 
 
 def test_rationales_hand_checked():

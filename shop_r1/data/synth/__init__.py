@@ -9,6 +9,8 @@ RNG derived from (seed, index), so a session does not change when more sessions 
 - version 3: version 2's shoppers, pages and actions step for step (the same random streams), with the profile and
   the rationales worded so that each fact a decision needs is copied next to it (`profile.py`, wording 3): a small
   model copies by matching the word before a fact, and version 2's wording gave it nothing to match.
+- version 4: version 3 with the searches limit in words no other profile value uses ("searches thrice" where
+  version 3 has "searches three"; `profile.py`, wording 4), so each limit can be fetched by what it is.
 - version 1 (`shopper`): the paper-setting shop of the committed Tables 2, 4, 5 and Figure 2: hidden intents, coin
   flips and a hidden patience decide most steps (re-simulating it from its true hidden state reaches about 53 %
   exact; rules on what the prompt shows 28-35 %).
@@ -22,9 +24,9 @@ from shop_r1.data.synth.catalog import build_catalog
 from shop_r1.data.synth.shopper import CatalogIndex, synthesize_session
 from shop_r1.types import Session
 
-SYNTH_VERSIONS = (1, 2, 3)
-PRODUCTS_PER_NOUN = {1: 8, 2: 12, 3: 12}
-"""Versions 2 and 3 list more products per noun: more near-identical titles on a results page."""
+SYNTH_VERSIONS = (1, 2, 3, 4)
+PRODUCTS_PER_NOUN = {1: 8, 2: 12, 3: 12, 4: 12}
+"""Versions 2-4 list more products per noun: more near-identical titles on a results page."""
 
 
 def synthesize_sessions(num_sessions: int, seed: int, version: int = 1, noise: float = 0.1) -> list[Session]:
@@ -43,7 +45,7 @@ def synthesize_sessions(num_sessions: int, seed: int, version: int = 1, noise: f
     if version == 1:
         return [synthesize_session(index, deals, f"synth-{seed}-{i:06d}", random.Random(f"session-{seed}-{i}"))
                 for i in range(num_sessions)]
-    # Version 3 draws from version 2's streams: the same shoppers doing the same things, only worded otherwise.
+    # Versions 3 and 4 draw from version 2's streams: the same shoppers doing the same things, only worded otherwise.
     return [synthesize_profiled_session(index, deals, f"synth{version}-{seed}-{i:06d}",
                                         random.Random(f"session2-{seed}-{i}"), noise, wording=version)
             for i in range(num_sessions)]

@@ -24,7 +24,8 @@ again traded `terminate` for `type_and_submit`, below SFT).
 In wording 3 (`Profile.wording`, the shop's version 3) the same decisions are written so that each profile fact the
 decision needs is copied next to it, after the same word as in the profile ("My patience: products two, searches
 three; I've opened 1 and searched 2; I want a waterproof tent under $100, and nothing here fits, so I'll search for
-\"tent\"."): the limits and what is wanted come before the choice that depends on them.
+\"tent\"."): the limits and what is wanted come before the choice that depends on them. Wording 4 (version 4) writes
+the searches limit in words of its own ("searches thrice"; profile.py).
 
 `_rule` is the rule once (the action and the branch that chose it); `_words_2` / `_words_3` write its rationale.
 """
@@ -236,7 +237,8 @@ def _words_3(p: Profile, s: _Step) -> str:
     }[s.branch]
 
 
-_WORDS = {2: _words_2, 3: _words_3}
+_WORDS = {2: _words_2, 3: _words_3, 4: _words_3}
+"""Wording 4 writes the rationales of wording 3; only `Profile.patience` (the searches limit's word) differs."""
 
 
 def decide(profile: Profile, page: PageView, history: Sequence[Action]) -> Decision:

@@ -32,6 +32,17 @@ committed SFT answers (v2_table2), the rationale's patience limit was right on 4
 chance) and "<feature> <noun>" on 17-19 %, while the budget (after its own "$") was right on 78 %. What wording 3
 changed (experiments/stated_facts.py; README "The main job"): each SFT model then copied one of the two limits on
 every page and stated the other at chance (searches on seed 0, products on seed 71), and the wanted phrase on 35-42 %.
+On the untuned seeds 113 and 127 the SFT models copied neither: the stated limits were independent of the profile's,
+while the counts beside them ("I've opened 1 and searched 2") were right on 95-99 % of pages.
+
+Wording 4 (the shop's version 4) is wording 3 with one change: the two limits take their values from disjoint words,
+
+    Patience: products two, searches thrice   (searches: "twice", "thrice", "four times"; products: "one" .. "three")
+
+In wording 3 both limits are number words from overlapping sets ({one, two, three} and {two, three, four}), so a
+head that attends to "the number word in the profile" fetches both and only the word before each value tells them
+apart (an induction circuit, which the small model forms for one limit at best). With disjoint words, each limit is
+the only word of its kind in the prompt, and one attention head can fetch it by what it is, not by where it is.
 """
 
 from __future__ import annotations
@@ -48,9 +59,12 @@ BUDGETS = (25, 50, 100, 200)
 ends at the budget (e.g. "$50 to $100" for under $100), so they then see only that band."""
 MIN_RATINGS = (0.0, 3.5, 4.0, 4.3)
 PROFILE_HEADER = PERSONA_HEADER
-WORDINGS = (2, 3)
+WORDINGS = (2, 3, 4)
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+SEARCH_WORDS = {2: "twice", 3: "thrice", 4: "four times"}
+"""Wording 4's searches limit: no word shared with the products limit's (module docstring)."""
 _WORD_NUMBERS = {w: n for n, w in NUMBER_WORDS.items()}
+_SEARCH_NUMBERS = {w: n for n, w in SEARCH_WORDS.items()}
 
 
 @dataclass(frozen=True)
@@ -75,8 +89,9 @@ class Profile:
 
     @property
     def patience(self) -> str:
-        """The limits as wording 3 writes them in the profile and in the rationales."""
-        return f"products {NUMBER_WORDS[self.max_views]}, searches {NUMBER_WORDS[self.max_searches]}"
+        """The limits as wordings 3 and 4 write them in the profile and in the rationales."""
+        searches = (SEARCH_WORDS if self.wording == 4 else NUMBER_WORDS)[self.max_searches]
+        return f"products {NUMBER_WORDS[self.max_views]}, searches {searches}"
 
     def queries(self) -> tuple[str, ...]:
         """The searches this shopper tries, in order (the first on the home page)."""
@@ -84,7 +99,7 @@ class Profile:
         return (f"{self.feature} {self.noun}", self.noun, third, f"best {self.noun}")[: self.max_searches]
 
     def render(self) -> str:
-        if self.wording == 3:
+        if self.wording >= 3:
             return "\n".join([
                 f"Looking for: {self.noun}",
                 f"Must have: {self.feature}",
@@ -111,7 +126,7 @@ class Profile:
 _LINE = re.compile(r"^(Looking for|Must have|Budget|Wants|Brand|Uses filters|Minimum rating|Patience|Checkout): "
                    r"(.*)$")
 _PATIENCE = re.compile(r"looks at up to (\d+) products and tries up to (\d+) searches")
-_PATIENCE_WORDS = re.compile(r"^products (\w+), searches (\w+)$")
+_PATIENCE_WORDS = re.compile(r"^products (\w+), searches (\w+|four times)$")
 
 
 def _category_of(noun: str) -> str:
@@ -123,7 +138,7 @@ def _category_of(noun: str) -> str:
 
 def parse_profile(text: str) -> Profile:
     """The inverse of `Profile.render` (lines in any order, other lines ignored); a missing field is an error. A
-    "Wants" line marks wording 3."""
+    "Wants" line marks wording 3, and a searches limit in wording 4's words ("thrice") wording 4."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         m = _LINE.match(line.strip())
@@ -138,7 +153,10 @@ def parse_profile(text: str) -> Profile:
     rating = re.match(r"([\d.]+)", fields["Minimum rating"])
     if wording == 3:
         words = _PATIENCE_WORDS.match(fields["Patience"])
-        patience = (_WORD_NUMBERS.get(words.group(1)), _WORD_NUMBERS.get(words.group(2))) if words else None
+        if words and words.group(2) in _SEARCH_NUMBERS:
+            wording = 4
+        searches = (_SEARCH_NUMBERS if wording == 4 else _WORD_NUMBERS).get(words.group(2)) if words else None
+        patience = (_WORD_NUMBERS.get(words.group(1)), searches) if words else None
         brand_text = fields["Brand"].removeprefix("prefer ")
     else:
         digits = _PATIENCE.search(fields["Patience"])
@@ -152,7 +170,7 @@ def parse_profile(text: str) -> Profile:
                       uses_filters=fields["Uses filters"] == "yes", min_rating=float(rating.group(1)),
                       max_views=patience[0], max_searches=patience[1], buy_now=fields["Checkout"] == "buy now",
                       wording=wording)
-    if wording == 3 and fields["Wants"] != profile.want:
+    if wording >= 3 and fields["Wants"] != profile.want:
         raise ValueError(f"profile: 'Wants: {fields['Wants']}' disagrees with its other lines ({profile.want!r})")
     return profile
 
