@@ -32,7 +32,7 @@ from shop_r1.data.synth.profile import NUMBER_WORDS, SEARCH_WORDS, Profile  # no
 
 _WORDS = {w: n for n, w in NUMBER_WORDS.items()}
 _SEARCH_WORDS = {**_WORDS, **{w: n for n, w in SEARCH_WORDS.items()}}
-_LIMITS = (re.compile(r"My patience: products (\w+), searches (\w+); I've opened (\d+) and searched (\d+)"),
+_LIMITS = (re.compile(r"My patience: products (\w+), searches (four times|\w+); I've opened (\d+) and searched (\d+)"),
            re.compile(r"I've opened (\d+) of my (\d+) products and made (\d+) of my (\d+) searches"))
 _WANT = (re.compile(r"I want (a .*? under \$\d+)"), re.compile(r"(?:I need a|is not a|nothing here is a) (.*?) under"))
 _NOTHING_FITS = ("nothing here fits", "nothing here is a")

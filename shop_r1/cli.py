@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--version", type=int, default=2, choices=(1, 2, 3, 4),
                    help="2: profiled shoppers with a known policy (default); 3: the same, worded so a small model "
-                        "can copy the profile's facts; 4: as 3, the limits in disjoint words, last; 1: the "
+                        "can copy the profile's facts; 4: as 3, the two limits in disjoint words; 1: the "
                         "paper-setting shop")
     p.add_argument("--noise", type=float, default=0.1, help="versions 2-4: share of steps off the policy")
     p.add_argument("--out", required=True, type=Path)

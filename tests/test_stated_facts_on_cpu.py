@@ -54,8 +54,8 @@ def test_a_prediction_of_another_run_is_named():
 def test_version_4_limits_are_read_in_their_own_words():
     p4 = dataclasses.replace(P3, max_searches=4, wording=4)
     records = [
-        # v4, both limits right ("fourfold"), searches left (2 < 4), types: follows
-        ("a", _answer("My patience: products two, searches fourfold; I've opened 0 and searched 2; I want a "
+        # v4, both limits right ("four times"), searches left (2 < 4), types: follows
+        ("a", _answer("My patience: products two, searches four times; I've opened 0 and searched 2; I want a "
                       "waterproof tent under $100, and nothing here fits, so I'll search for \"tent\".",
                       "type_and_submit", name="search_input", text="tent")),
         # v4, searches limit wrong (twice = 2, used up at 2) and leaves: follows its own numbers

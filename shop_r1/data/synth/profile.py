@@ -35,25 +35,14 @@ every page and stated the other at chance (searches on seed 0, products on seed 
 On the untuned seeds 113 and 127 the SFT models copied neither: the stated limits were independent of the profile's,
 while the counts beside them ("I've opened 1 and searched 2") were right on 95-99 % of pages.
 
-Wording 4 (the shop's version 4) is wording 3 with the patience line changed twice, both so that a small model can
-fetch each limit without an induction circuit (which it forms for one limit at best):
+Wording 4 (the shop's version 4) is wording 3 with one change: the two limits take their values from disjoint words,
 
-    ...
-    Checkout: buy now
-    Patience: products two, searches thrice   (now the last line; the rationales' "My patience: products two,
-                                               searches thrice")
+    Patience: products two, searches thrice   (searches: "twice", "thrice", "four times"; products: "one" .. "three")
 
-- the searches limit takes words of its own ("twice", "thrice", "fourfold"; products keep "one" .. "three"): in
-  wording 3 both limits are number words from overlapping sets, so a head that attends to "the number word in the
-  profile" fetches both;
-- the line ends the prompt: the profile is the end of the last user turn, so from the rationale's " products" to
-  the profile's products value, and from its " searches" to the profile's searches value, the distance is the same
-  in every prompt (the chat tokens between are fixed and each value is one token of the shop's tokenizer), and one
-  head can fetch each limit by its distance. In wording 3 the checkout line ("buy now" / "add to cart") sat
-  between, so the distance varied. Seed 0's version-3 SFT model copied its one limit this way (experiments/README
-  "What the rationales state").
-Measured with the first change alone ("four times" for 4, patience line where wording 3 has it; seed 0's
-validation split, SFT): searches limit right 75 %, products limit 34 %.
+In wording 3 both limits are number words from overlapping sets ({one, two, three} and {two, three, four}), so a
+head that attends to "the number word in the profile" fetches both and only the word before each value tells them
+apart (an induction circuit, which the small model forms for one limit at best). With disjoint words, each limit is
+the only word of its kind in the prompt, and one attention head can fetch it by what it is, not by where it is.
 """
 
 from __future__ import annotations
@@ -72,7 +61,7 @@ MIN_RATINGS = (0.0, 3.5, 4.0, 4.3)
 PROFILE_HEADER = PERSONA_HEADER
 WORDINGS = (2, 3, 4)
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
-SEARCH_WORDS = {2: "twice", 3: "thrice", 4: "fourfold"}
+SEARCH_WORDS = {2: "twice", 3: "thrice", 4: "four times"}
 """Wording 4's searches limit: no word shared with the products limit's (module docstring)."""
 _WORD_NUMBERS = {w: n for n, w in NUMBER_WORDS.items()}
 _SEARCH_NUMBERS = {w: n for n, w in SEARCH_WORDS.items()}
@@ -110,19 +99,7 @@ class Profile:
         return (f"{self.feature} {self.noun}", self.noun, third, f"best {self.noun}")[: self.max_searches]
 
     def render(self) -> str:
-        if self.wording == 4:
-            return "\n".join([
-                f"Looking for: {self.noun}",
-                f"Must have: {self.feature}",
-                f"Budget: under ${self.budget}",
-                f"Wants: {self.want}",
-                f"Brand: {'prefer ' + self.brand if self.brand else 'any'}",
-                f"Uses filters: {'yes' if self.uses_filters else 'no'}",
-                f"Minimum rating: {self.min_rating:.1f} stars",
-                f"Checkout: {'buy now' if self.buy_now else 'add to cart'}",
-                f"Patience: {self.patience}",
-            ])
-        if self.wording == 3:
+        if self.wording >= 3:
             return "\n".join([
                 f"Looking for: {self.noun}",
                 f"Must have: {self.feature}",
@@ -149,8 +126,7 @@ class Profile:
 _LINE = re.compile(r"^(Looking for|Must have|Budget|Wants|Brand|Uses filters|Minimum rating|Patience|Checkout): "
                    r"(.*)$")
 _PATIENCE = re.compile(r"looks at up to (\d+) products and tries up to (\d+) searches")
-_PATIENCE_WORDS = re.compile(r"^products (\w+), searches (\w+)$")
-_PATIENCE_WORDS_4 = re.compile(r"^products (\w+), searches (twice|thrice|fourfold)$")
+_PATIENCE_WORDS = re.compile(r"^products (\w+), searches (\w+|four times)$")
 
 
 def _category_of(noun: str) -> str:
@@ -175,16 +151,17 @@ def parse_profile(text: str) -> Profile:
     wording = 3 if "Wants" in fields else 2
     budget = re.search(r"\$(\d+)", fields["Budget"])
     rating = re.match(r"([\d.]+)", fields["Minimum rating"])
-    if wording == 3 and (words := _PATIENCE_WORDS_4.match(fields["Patience"])):
-        wording = 4
-        patience = (_WORD_NUMBERS.get(words.group(1)), _SEARCH_NUMBERS[words.group(2)])
-    elif wording == 3:
+    if wording == 3:
         words = _PATIENCE_WORDS.match(fields["Patience"])
-        patience = (_WORD_NUMBERS.get(words.group(1)), _WORD_NUMBERS.get(words.group(2))) if words else None
+        if words and words.group(2) in _SEARCH_NUMBERS:
+            wording = 4
+        searches = (_SEARCH_NUMBERS if wording == 4 else _WORD_NUMBERS).get(words.group(2)) if words else None
+        patience = (_WORD_NUMBERS.get(words.group(1)), searches) if words else None
+        brand_text = fields["Brand"].removeprefix("prefer ")
     else:
         digits = _PATIENCE.search(fields["Patience"])
         patience = (int(digits.group(1)), int(digits.group(2))) if digits else None
-    brand_text = fields["Brand"].removeprefix("prefer ") if wording >= 3 else fields["Brand"]
+        brand_text = fields["Brand"]
     if patience is None or None in patience or budget is None or rating is None:
         raise ValueError(f"profile: cannot read {fields}")
     noun = fields["Looking for"]
