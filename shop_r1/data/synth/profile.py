@@ -43,6 +43,10 @@ In wording 3 both limits are number words from overlapping sets ({one, two, thre
 head that attends to "the number word in the profile" fetches both and only the word before each value tells them
 apart (an induction circuit, which the small model forms for one limit at best). With disjoint words, each limit is
 the only word of its kind in the prompt, and one attention head can fetch it by what it is, not by where it is.
+Measured on seed 0's validation split (SFT, same recipe): searches limit right 75 % (version 3's SFT model of the same
+seed: 100 %; seeds 113 and 127: 37 %, 35 %), products limit 34 %, SFT exact 44.7 % (version 3: 41.8 %). Tried and
+dropped: the patience line moved last with one-token values ("fourfold"), so each limit sits a fixed number of
+tokens before its copy in the answer: 38 % / 41 %, SFT exact 34.9 %.
 """
 
 from __future__ import annotations
