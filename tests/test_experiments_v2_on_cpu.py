@@ -83,7 +83,7 @@ def test_v2_fig2_reuses_the_shop_r1_run_at_the_base_temperature():
 
 def test_v2_base_config_forces_the_new_shop_and_the_test_split_and_refuses_seed_overrides():
     cfg = run.v2_base_config(run.V2_BASE_CONFIG, ["rl.steps=3"])
-    assert (cfg.data.synth_version, cfg.eval.split, cfg.logging.wandb, cfg.rl.steps) == (3, "test", False, 3)
+    assert (cfg.data.synth_version, cfg.eval.split, cfg.logging.wandb, cfg.rl.steps) == (4, "test", False, 3)
     assert run.v2_base_config(run.V2_BASE_CONFIG, ["data.synth_version=2"]).data.synth_version == 2
     with pytest.raises(ConfigError, match="profiled shop"):
         run.v2_base_config(run.V2_BASE_CONFIG, ["data.synth_version=1"])
