@@ -115,7 +115,7 @@ def test_the_persona_can_follow_the_current_page_instead():
 
 def test_version_and_noise_are_checked():
     with pytest.raises(ValueError, match="version"):
-        synthesize_sessions(1, seed=0, version=4)
+        synthesize_sessions(1, seed=0, version=5)
     with pytest.raises(ValueError, match="noise"):
         synthesize_sessions(1, seed=0, version=2, noise=1.5)
     assert synthesize_sessions(2, seed=0) == synthesize_sessions(2, seed=0, version=1)  # the default stays v1
