@@ -25,7 +25,8 @@ resources and timeouts it gets, what the evaluations read:
     rollout.generate_timeout_s, rollout.weight_sync_timeout_s, rollout.placement_timeout_s, rollout.resources,
     rollout.weight_load (in place or layerwise: the same weights land in the engines),
     learner.step_timeout_s, learner.checkpoint_timeout_s, learner.resources, learner.max_tokens_per_micro_batch,
-    learner.shared_prompt and learner.pack_sequences (exactly equal), learner.gradient_checkpointing,
+    learner.shared_prompt, learner.pack_sequences and learner.last_layer_at_targets (exactly equal),
+    learner.gradient_checkpointing,
     learner.offload_optimizer, learner.num_cpus_per_rank, learner.attention (the same mask, block-sparse or dense),
     rollout.cpu_cores, learner.cpu_cores (where the threads run),
     reward_pool.* (workers, CPUs, timeouts, max_failed_fraction)
@@ -68,7 +69,8 @@ HARMLESS: tuple[str, ...] = (
     "rollout.generate_timeout_s", "rollout.weight_sync_timeout_s", "rollout.weight_load", "rollout.resources",
     "rollout.placement_timeout_s",
     "learner.step_timeout_s", "learner.checkpoint_timeout_s", "learner.resources", "learner.max_tokens_per_micro_batch",
-    "learner.shared_prompt", "learner.pack_sequences", "learner.gradient_checkpointing",
+    "learner.shared_prompt", "learner.pack_sequences", "learner.last_layer_at_targets",
+    "learner.gradient_checkpointing",
     "learner.offload_optimizer", "learner.num_cpus_per_rank", "learner.attention", "learner.cpu_cores",
     "rollout.cpu_cores",
 )

@@ -89,6 +89,26 @@ class Forward:
     shared_prompt: bool = False
     pack: bool = False
     attention: Literal["dense", "flex"] = "dense"
+    last_layer_at_targets: bool = False
+    """learner.last_layer_at_targets: rows that run as they are (not packed) run the last decoder layer's query, MLP
+    and final norm only at the positions read (shop_r1/learner/target_states.py), where the model's layout allows."""
+
+    def _packs(self, attention_mask: torch.Tensor, completion_mask: torch.Tensor | None) -> bool:
+        """Whether `hidden` packs these rows (shared prompts, or sequence packing that saves lines)."""
+        return (completion_mask is not None and self.shared_prompt) or (self.pack and _packing_saves(attention_mask))
+
+    def target_states(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, where: torch.Tensor,
+                      completion_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, H] the final hidden states that predict the tokens `where` [b, T-1] marks (where[:, t]: the state at
+        t, predicting token t + 1), in row-major order."""
+        if self.last_layer_at_targets and not self._packs(attention_mask, completion_mask):
+            from shop_r1.learner import target_states
+
+            if target_states.supports(model):
+                mask = None if right_padded(attention_mask) else attention_mask.to(self.device)
+                return target_states.final_states_at(model, input_ids.to(self.device), mask, where)
+        hidden = self.hidden(model, input_ids, attention_mask, completion_mask)
+        return hidden.states.index_select(0, hidden.source[:, 1:][where])
 
     def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                completion_mask: torch.Tensor | None = None) -> Hidden:
@@ -96,7 +116,7 @@ class Forward:
         completion mask (GRPO rows) are given, sequence-packed when `pack`, else the rows run as they are."""
         dev = self.device
         shared = completion_mask is not None and self.shared_prompt
-        if shared or (self.pack and _packing_saves(attention_mask)):
+        if self._packs(attention_mask, completion_mask):
             from shop_r1.algo.shared_prompt import pack_rows, pack_shared_prompts, prefix_lengths
 
             packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
@@ -132,9 +152,9 @@ class Forward:
         """`target_logprobs`, and the LM head's logits [n, V] of the target positions it ran on (unscaled: temperature
         1) with where they are: `where` [b, T-1], the rows' target positions t (predicting token t + 1) in order."""
         ids = input_ids.to(self.device)
-        hidden = self.hidden(model, input_ids, attention_mask, completion_mask)
         where = target_mask[:, 1:].to(self.device).bool()  # [b, T-1]
-        logits = model.lm_head(hidden.states.index_select(0, hidden.source[:, 1:][where]))  # [n, V]
+        states = self.target_states(model, input_ids, attention_mask, where, completion_mask)
+        logits = model.lm_head(states)  # [n, V]
         picked = picked_logprobs(logits, ids[:, 1:][where], temperature)
         out = torch.zeros(ids.shape, dtype=picked.dtype, device=self.device)
         out[:, 1:][where] = picked
@@ -169,8 +189,8 @@ class Forward:
         """s(r) per row (0 without rationale tokens) from `model`'s full logits at temperature 1 over the row's
         rationale tokens: s(r) is defined on the model's own distribution, not the sampling one. One LM-head call
         for all the rows (under ZeRO-3 each call is a collective: every rank makes as many, whatever its rows hold)."""
-        hidden = self.hidden(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
         where = batch.rationale_mask[:, 1:].to(self.device).bool()  # [b, T-1]
-        logits = model.lm_head(hidden.states.index_select(0, hidden.source[:, 1:][where]))  # [n_rationale, V]
+        states = self.target_states(model, batch.input_ids, batch.attention_mask, where, batch.completion_mask)
+        logits = model.lm_head(states)  # [n_rationale, V]
         return [self_certainty_from_logits(rows, direction, normalize_by_vocab) if rows.shape[0] else 0.0
                 for rows in logits.split(where.sum(dim=1).tolist())]

@@ -42,7 +42,8 @@ from shop_r1.types import GRPOStepStats
 
 def forward_of(backend: TrainingBackend, pack: bool = False) -> Forward:
     """The backend's forward math; `pack` (learner.pack_sequences): sequence packing (shop_r1/algo/packing.py)."""
-    return Forward(backend.device, backend.cfg.shared_prompt, pack, backend.cfg.attention)
+    return Forward(backend.device, backend.cfg.shared_prompt, pack, backend.cfg.attention,
+                   backend.cfg.last_layer_at_targets)
 
 
 def micro_batches(backend: TrainingBackend, batch: GRPOBatch, pack: bool = False) -> list[GRPOBatch]:

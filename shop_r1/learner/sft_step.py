@@ -51,8 +51,8 @@ def eval_loss(backend: TrainingBackend, micro_batches: Sequence[MicroBatch]) -> 
 
 def token_loss_sum(backend: TrainingBackend, mb: MicroBatch) -> torch.Tensor:
     """-(sum of the policy's logprobs of the loss tokens of `mb`): a scalar on the backend's device."""
-    return -Forward(backend.device).target_logprobs(backend.policy, mb.input_ids, mb.attention_mask,
-                                                    mb.loss_mask).sum()
+    forward = Forward(backend.device, last_layer_at_targets=backend.cfg.last_layer_at_targets)
+    return -forward.target_logprobs(backend.policy, mb.input_ids, mb.attention_mask, mb.loss_mask).sum()
 
 
 def empty_micro_batch() -> MicroBatch:

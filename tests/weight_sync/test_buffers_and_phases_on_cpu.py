@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 
 import torch
 
@@ -49,6 +50,18 @@ def _sync(sender, receiver, manifest, weights, keep=None):
     return result["sent"], got
 
 
+def _settled(receiver, timeout_s: float = 10.0) -> None:
+    """Wait until no pooled buffer is referenced from outside the pool. gloo's worker thread drops its reference to a
+    broadcast's tensor a moment after `wait()` returns, so right after a sync a buffer can still look in use (the
+    receiver then safely takes a fresh one); the reuse the next test checks is the state once gloo has let go."""
+    from shop_r1.weight_sync.broadcast import _in_use
+
+    deadline = time.monotonic() + timeout_s
+    while any(_in_use(flat) for pool in receiver.pools.values() for flat in pool):
+        assert time.monotonic() < deadline, "a pooled receive buffer is still referenced 10 s after the sync"
+        time.sleep(0.01)
+
+
 def test_the_second_sync_reuses_every_bucket_buffer_and_delivers_the_new_weights():
     first, second = _weights(0), _weights(1)
     manifest = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in first), bucket_bytes=64 * 24 * 4)
@@ -64,6 +77,7 @@ def test_the_second_sync_reuses_every_bucket_buffer_and_delivers_the_new_weights
     recv_ptrs = [t.data_ptr() for pool in receiver.pools.values() for t in pool]
     assert 2 <= len(recv_ptrs) < len(manifest.buckets)  # a pool, not a buffer per bucket
 
+    _settled(receiver)
     sent, got = _sync(sender, receiver, manifest, second)
     assert sent == manifest.num_bytes
     for name, want in second:
