@@ -46,8 +46,8 @@ def micro_batches(args: argparse.Namespace, vocab: int):
     return pack_micro_batches(seqs, args.max_tokens_per_micro_batch)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The micro-batch and repeat options both SFT-forward benchmarks take (this one and bench_last_layer.py)."""
     parser.add_argument("--shape", choices=SHAPE_NAMES, default="shop")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--len-min", type=int, default=600)
@@ -57,6 +57,42 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (after one warm-up each)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", default=None)
+
+
+def race(old, new, repeats: int) -> dict:
+    """`old` and `new` (each () -> (seconds, logprobs per micro-batch, gradients)) after one warm-up each, then
+    alternating: per-side times, the old / new ratio per repeat, and the largest logprob and relative gradient
+    differences between the two."""
+    old(), new()  # warm-up
+    old_s, new_s, ratios, logp_diff, grad_diff = [], [], [], 0.0, 0.0
+    for _ in range(repeats):
+        t_old, out_old, g_old = old()
+        t_new, out_new, g_new = new()
+        old_s.append(t_old), new_s.append(t_new), ratios.append(t_old / t_new)
+        logp_diff = max(logp_diff, max(float((a - b).abs().max()) for a, b in zip(out_old, out_new)))
+        grad_diff = max(grad_diff, max(float((a - b).abs().max() / (a.abs().max() + 1e-30))
+                                       for a, b in zip(g_old, g_new)))
+    return {"old_s": spread(old_s), "new_s": spread(new_s), "ratio": spread(ratios),
+            "max_abs_logprob_diff": logp_diff, "max_rel_grad_diff": grad_diff}
+
+
+def sft_forward_backward(model, mbs, fw) -> tuple[float, list, list]:
+    """One SFT step's forward + backward of `mbs` through `fw` (a Forward): its seconds, the target logprobs per
+    micro-batch, and the gradients."""
+    model.zero_grad(set_to_none=True)
+    n = sum(mb.num_loss_tokens for mb in mbs)
+    start, outs = time.perf_counter(), []
+    for mb in mbs:
+        logp = fw.target_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
+        (-logp.sum() / n).backward()
+        outs.append(logp.detach())
+    seconds = time.perf_counter() - start
+    return seconds, outs, [p.grad.detach().clone() for p in model.parameters()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_batch_arguments(parser)
     args = parser.parse_args()
 
     import torch
@@ -72,32 +108,16 @@ def main() -> None:
     def step(causal: bool) -> tuple[float, list[torch.Tensor], list[torch.Tensor]]:
         forward_mod.right_padded = real if causal else (lambda mask: False)  # the old side: always the padding mask
         try:
-            model.zero_grad(set_to_none=True)
-            n = sum(mb.num_loss_tokens for mb in mbs)
-            start, outs = time.perf_counter(), []
-            for mb in mbs:
-                logp = fw.target_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
-                (-logp.sum() / n).backward()
-                outs.append(logp.detach())
-            seconds = time.perf_counter() - start
-            return seconds, outs, [p.grad.detach().clone() for p in model.parameters()]
+            return sft_forward_backward(model, mbs, fw)
         finally:
             forward_mod.right_padded = real
 
-    step(False), step(True)  # warm-up
-    old_s, new_s, ratios, logp_diff, grad_diff = [], [], [], 0.0, 0.0
-    for _ in range(args.repeats):
-        t_old, out_old, g_old = step(False)
-        t_new, out_new, g_new = step(True)
-        old_s.append(t_old), new_s.append(t_new), ratios.append(t_old / t_new)
-        logp_diff = max(logp_diff, max(float((a - b).abs().max()) for a, b in zip(out_old, out_new)))
-        grad_diff = max(grad_diff, max(float((a - b).abs().max() / (a.abs().max() + 1e-30))
-                                       for a, b in zip(g_old, g_new)))
+    out = race(lambda: step(False), lambda: step(True), args.repeats)
     emit({"benchmark": "causal_mask", "machine": machine(), "shape": args.shape, "rows": args.rows,
           "lengths": [args.len_min, args.len_max], "micro_batches": [list(mb.input_ids.shape) for mb in mbs],
-          "threads": torch.get_num_threads(), "padding_mask_s": spread(old_s), "causal_s": spread(new_s),
-          "padding_over_causal": spread(ratios), "max_abs_logprob_diff": logp_diff,
-          "max_rel_grad_diff": grad_diff}, args.json_out)
+          "threads": torch.get_num_threads(), "padding_mask_s": out["old_s"], "causal_s": out["new_s"],
+          "padding_over_causal": out["ratio"], "max_abs_logprob_diff": out["max_abs_logprob_diff"],
+          "max_rel_grad_diff": out["max_rel_grad_diff"]}, args.json_out)
 
 
 if __name__ == "__main__":

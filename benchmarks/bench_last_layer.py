@@ -17,27 +17,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_causal_mask import SHAPE_NAMES, micro_batches  # noqa: E402
+from bench_causal_mask import add_batch_arguments, micro_batches, race, sft_forward_backward  # noqa: E402
 from bench_packing import build_model  # noqa: E402
-from common import emit, machine, spread  # noqa: E402
+from common import emit, machine  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=SHAPE_NAMES, default="shop")
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--len-min", type=int, default=600)
-    parser.add_argument("--len-max", type=int, default=1850)
-    parser.add_argument("--targets", type=int, default=70)
-    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per side (after one warm-up each)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json-out", default=None)
+    add_batch_arguments(parser)
     args = parser.parse_args()
 
     import torch
@@ -47,32 +38,16 @@ def main() -> None:
     model = build_model(args.shape, "sdpa", "cpu")
     mbs = micro_batches(args, model.config.vocab_size)
 
-    def step(targets_only: bool) -> tuple[float, list[torch.Tensor], list[torch.Tensor]]:
-        fw = Forward(torch.device("cpu"), last_layer_at_targets=targets_only)
-        model.zero_grad(set_to_none=True)
-        n = sum(mb.num_loss_tokens for mb in mbs)
-        start, outs = time.perf_counter(), []
-        for mb in mbs:
-            logp = fw.target_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
-            (-logp.sum() / n).backward()
-            outs.append(logp.detach())
-        seconds = time.perf_counter() - start
-        return seconds, outs, [p.grad.detach().clone() for p in model.parameters()]
+    def step(targets_only: bool):
+        return sft_forward_backward(model, mbs, Forward(torch.device("cpu"), last_layer_at_targets=targets_only))
 
-    step(False), step(True)  # warm-up
-    full_s, fast_s, ratios, logp_diff, grad_diff = [], [], [], 0.0, 0.0
-    for _ in range(args.repeats):
-        t_full, out_full, g_full = step(False)
-        t_fast, out_fast, g_fast = step(True)
-        full_s.append(t_full), fast_s.append(t_fast), ratios.append(t_full / t_fast)
-        logp_diff = max(logp_diff, max(float((a - b).abs().max()) for a, b in zip(out_full, out_fast)))
-        grad_diff = max(grad_diff, max(float((a - b).abs().max() / (a.abs().max() + 1e-30))
-                                       for a, b in zip(g_full, g_fast)))
+    out = race(lambda: step(False), lambda: step(True), args.repeats)
     emit({"benchmark": "last_layer", "machine": machine(), "shape": args.shape, "rows": args.rows,
           "lengths": [args.len_min, args.len_max], "targets": args.targets,
           "micro_batches": [list(mb.input_ids.shape) for mb in mbs], "threads": torch.get_num_threads(),
-          "full_s": spread(full_s), "targets_only_s": spread(fast_s), "full_over_targets_only": spread(ratios),
-          "max_abs_logprob_diff": logp_diff, "max_rel_grad_diff": grad_diff}, args.json_out)
+          "full_s": out["old_s"], "targets_only_s": out["new_s"], "full_over_targets_only": out["ratio"],
+          "max_abs_logprob_diff": out["max_abs_logprob_diff"], "max_rel_grad_diff": out["max_rel_grad_diff"]},
+         args.json_out)
 
 
 if __name__ == "__main__":

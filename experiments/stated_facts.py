@@ -28,11 +28,12 @@ if str(ROOT) not in sys.path:
 
 from shop_r1.data.examples import load_rl_examples  # noqa: E402
 from shop_r1.data.synth.policy import profile_of_prompt  # noqa: E402
-from shop_r1.data.synth.profile import NUMBER_WORDS, SEARCH_WORDS, Profile  # noqa: E402
+from shop_r1.data.synth.profile import NUMBER_WORDS, SEARCH_VALUE_PATTERN, SEARCH_WORDS, Profile  # noqa: E402
 
 _WORDS = {w: n for n, w in NUMBER_WORDS.items()}
 _SEARCH_WORDS = {**_WORDS, **{w: n for n, w in SEARCH_WORDS.items()}}
-_LIMITS = (re.compile(r"My patience: products (\w+), searches (four times|\w+); I've opened (\d+) and searched (\d+)"),
+_LIMITS = (re.compile(rf"My patience: products (\w+), searches ({SEARCH_VALUE_PATTERN}); "
+                      r"I've opened (\d+) and searched (\d+)"),
            re.compile(r"I've opened (\d+) of my (\d+) products and made (\d+) of my (\d+) searches"))
 _WANT = (re.compile(r"I want (a .*? under \$\d+)"), re.compile(r"(?:I need a|is not a|nothing here is a) (.*?) under"))
 _NOTHING_FITS = ("nothing here fits", "nothing here is a")

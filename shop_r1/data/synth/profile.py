@@ -131,7 +131,9 @@ class Profile:
 _LINE = re.compile(r"^(Looking for|Must have|Budget|Wants|Brand|Uses filters|Minimum rating|Patience|Checkout): "
                    r"(.*)$")
 _PATIENCE = re.compile(r"looks at up to (\d+) products and tries up to (\d+) searches")
-_PATIENCE_WORDS = re.compile(r"^products (\w+), searches (\w+|four times)$")
+SEARCH_VALUE_PATTERN = "|".join(sorted((re.escape(w) for w in SEARCH_WORDS.values()), key=len, reverse=True)) + r"|\w+"
+"""A searches limit as written: one of SEARCH_WORDS (longest first, so "four times" is whole) or one word."""
+_PATIENCE_WORDS = re.compile(rf"^products (\w+), searches ({SEARCH_VALUE_PATTERN})$")
 
 
 def _category_of(noun: str) -> str:
