@@ -90,8 +90,9 @@ class Forward:
     pack: bool = False
     attention: Literal["dense", "flex"] = "dense"
     last_layer_at_targets: bool = False
-    """learner.last_layer_at_targets: rows that run as they are (not packed) run the last decoder layer's query, MLP
-    and final norm only at the positions read (shop_r1/learner/target_states.py), where the model's layout allows."""
+    """learner.last_layer_at_targets: rows that run as they are (no shared prompt, `pack` off) run the last decoder
+    layer's query, MLP and final norm only at the positions read (shop_r1/learner/target_states.py), where the
+    model's layout allows."""
 
     def _packs(self, attention_mask: torch.Tensor, completion_mask: torch.Tensor | None) -> bool:
         """Whether `hidden` packs these rows (shared prompts, or sequence packing that saves lines)."""
@@ -100,8 +101,11 @@ class Forward:
     def target_states(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, where: torch.Tensor,
                       completion_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[n, H] the final hidden states that predict the tokens `where` [b, T-1] marks (where[:, t]: the state at
-        t, predicting token t + 1), in row-major order."""
-        if self.last_layer_at_targets and not self._packs(attention_mask, completion_mask):
+        t, predicting token t + 1), in row-major order. The path is chosen from the config and the call alone, never
+        from a rank's rows (with `pack`, whether packing saves lines differs by rank): under ZeRO-3 every rank must
+        call the modules in the same order."""
+        shared = completion_mask is not None and self.shared_prompt
+        if self.last_layer_at_targets and not self.pack and not shared:
             from shop_r1.learner import target_states
 
             if target_states.supports(model):

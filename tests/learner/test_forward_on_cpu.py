@@ -40,11 +40,11 @@ def test_self_certainty_from_logits_by_hand():
                                                                                                   abs=1e-6)
 
 
-@pytest.mark.parametrize("shared_prompt", [False, True])
-def test_completion_logprobs_and_self_certainty_equal_the_full_forward(tiny_model_dir, shared_prompt):
+@pytest.mark.parametrize("shared_prompt,last_layer", [(False, False), (True, False), (False, True)])
+def test_completion_logprobs_and_self_certainty_equal_the_full_forward(tiny_model_dir, shared_prompt, last_layer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     batch = _grouped_batch(0, temperature=0.6)
-    forward = Forward(torch.device("cpu"), shared_prompt)
+    forward = Forward(torch.device("cpu"), shared_prompt, last_layer_at_targets=last_layer)
     with torch.no_grad():
         got = forward.completion_logprobs(model, batch)
         certainty = forward.rationale_self_certainty(model, batch, "u_to_p")

@@ -93,3 +93,17 @@ def test_the_key_is_on_by_default_and_harmless_on_resume():
 
     assert LearnerConfig().last_layer_at_targets is True
     assert "learner.last_layer_at_targets" in HARMLESS
+
+
+def test_sequence_packing_keeps_the_full_forward_on_every_rank(monkeypatch):
+    """With learner.pack_sequences the path must not depend on a rank's rows (whether packing saves lines does):
+    under ZeRO-3 every rank calls the modules in the same order, so packed-or-not rows all take the full forward."""
+    model = _model("qwen2").eval()
+    calls = []
+    monkeypatch.setattr(target_states, "final_states_at", lambda *a, **k: calls.append(a))
+    ids, attention, targets = _rows()
+    with torch.no_grad():
+        for rows in (slice(0, 3), slice(0, 1)):  # three uneven rows pack into fewer lines; one row does not
+            Forward(torch.device("cpu"), pack=True, last_layer_at_targets=True).target_logprobs(
+                model, ids[rows], attention[rows], targets[rows])
+    assert calls == []
