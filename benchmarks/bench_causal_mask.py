@@ -76,6 +76,12 @@ def race(old, new, repeats: int) -> dict:
             "max_abs_logprob_diff": logp_diff, "max_rel_grad_diff": grad_diff}
 
 
+def model_and_batches(args: argparse.Namespace):
+    """The benchmark's model (`--shape`, random weights, SDPA) and its micro-batches."""
+    model = build_model(args.shape, "sdpa", "cpu")
+    return model, micro_batches(args, model.config.vocab_size)
+
+
 def sft_forward_backward(model, mbs, fw) -> tuple[float, list, list]:
     """One SFT step's forward + backward of `mbs` through `fw` (a Forward): its seconds, the target logprobs per
     micro-batch, and the gradients."""
@@ -100,8 +106,7 @@ def main() -> None:
     import shop_r1.learner.forward as forward_mod
     from shop_r1.learner.forward import Forward
 
-    model = build_model(args.shape, "sdpa", "cpu")
-    mbs = micro_batches(args, model.config.vocab_size)
+    model, mbs = model_and_batches(args)
     fw = Forward(torch.device("cpu"))
     real = forward_mod.right_padded
 

@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_causal_mask import add_batch_arguments, micro_batches, race, sft_forward_backward  # noqa: E402
-from bench_packing import build_model  # noqa: E402
+from bench_causal_mask import add_batch_arguments, model_and_batches, race, sft_forward_backward  # noqa: E402
 from common import emit, machine  # noqa: E402
 
 
@@ -35,8 +34,7 @@ def main() -> None:
 
     from shop_r1.learner.forward import Forward
 
-    model = build_model(args.shape, "sdpa", "cpu")
-    mbs = micro_batches(args, model.config.vocab_size)
+    model, mbs = model_and_batches(args)
 
     def step(targets_only: bool):
         return sft_forward_backward(model, mbs, Forward(torch.device("cpu"), last_layer_at_targets=targets_only))

@@ -94,18 +94,13 @@ class Forward:
     layer's query, MLP and final norm only at the positions read (shop_r1/learner/target_states.py), where the
     model's layout allows."""
 
-    def _packs(self, attention_mask: torch.Tensor, completion_mask: torch.Tensor | None) -> bool:
-        """Whether `hidden` packs these rows (shared prompts, or sequence packing that saves lines)."""
-        return (completion_mask is not None and self.shared_prompt) or (self.pack and _packing_saves(attention_mask))
-
     def target_states(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, where: torch.Tensor,
                       completion_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[n, H] the final hidden states that predict the tokens `where` [b, T-1] marks (where[:, t]: the state at
         t, predicting token t + 1), in row-major order. The path is chosen from the config and the call alone, never
         from a rank's rows (with `pack`, whether packing saves lines differs by rank): under ZeRO-3 every rank must
         call the modules in the same order."""
-        shared = completion_mask is not None and self.shared_prompt
-        if self.last_layer_at_targets and not self.pack and not shared:
+        if self.last_layer_at_targets and not self.pack and not (completion_mask is not None and self.shared_prompt):
             from shop_r1.learner import target_states
 
             if target_states.supports(model):
@@ -120,7 +115,7 @@ class Forward:
         completion mask (GRPO rows) are given, sequence-packed when `pack`, else the rows run as they are."""
         dev = self.device
         shared = completion_mask is not None and self.shared_prompt
-        if self._packs(attention_mask, completion_mask):
+        if shared or (self.pack and _packing_saves(attention_mask)):
             from shop_r1.algo.shared_prompt import pack_rows, pack_shared_prompts, prefix_lengths
 
             packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
