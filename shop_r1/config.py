@@ -141,6 +141,12 @@ class RewardConfig:
     of a correct click or query, so under batch-scaled advantages RL learns that stopping is worth nothing and drops
     the terminate answers (issue 21). 1 pays every exactly right action alike, as the evaluation's exact match does.
     Not applied to `action_reward=binary` (already equal) or to a `reward.fn` of your own."""
+    type_value: float = bounded(0.0, ge=0, le=1)
+    """A click or type_and_submit of the right type also earns type_value * DARS in its value term, whatever its name
+    or text: the type decision on the scale of the name's value, as terminate_value pays a right terminate. 0 (Table
+    1): a right type earns 0.3, nothing beside a query's partial ROUGE credit (0.75-0.99 * DARS), so RL drifts toward
+    typing on pages where clicks earn only an exact name (issue 21; README "The main job"). Not applied to
+    `action_reward=binary` or to a `reward.fn` of your own."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
     fn: str = ""
     """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,
@@ -461,14 +467,16 @@ class RLConfig:
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
     drop_zero_signal_groups: bool = False
     """Leave out zero-signal groups (their advantages are 0 anyway): see self_certainty_breaks_ties."""
-    scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled"] = "group"
+    scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled", "within_type"] = "group"
     """Advantage normalisation, A = (r - group mean) / scale: `group` divides by the group's std (GRPO, the paper),
     `batch` by the std of all rewards of the step's batch, `none` by nothing (Dr. GRPO; advantages are then in reward
     units, up to ~DARS = 1000 for a click, so rl.lr must be far smaller), `target_type` by the std of the rewards of
     the step's groups whose target has the same action type (batch std per type: a right `terminate` earns 0.3 next
     to DARS-scale clicks and queries, so one batch std leaves terminate groups without signal; shop_r1/algo/
     advantages.py), `decoupled` normalises the decision (format + action_type) and the content (attribute + value +
-    alpha * s) each by its own group std, sums them and divides by the sum's batch std (GDPO)."""
+    alpha * s) each by its own group std, sums them and divides by the sum's batch std (GDPO); `within_type` scales
+    the decision by its batch std and compares the content only among the group's answers of the right action type,
+    so a type whose near-misses pay more (queries' partial ROUGE credit) does not win the type prior."""
     self_certainty_breaks_ties: bool = True
     """True (the paper): a group is zero-signal only when its *total* rewards all tie, so alpha * s(r), which always
     differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5
@@ -531,7 +539,7 @@ class AdvantageConfig:
     `RLConfig.advantage_config`: the driver computes them with it, and so does the learner where s(r) comes from the
     update's own forward (reward.self_certainty.source=update_logits)."""
 
-    scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled"]
+    scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled", "within_type"]
     """rl.scale_rewards."""
     self_certainty_breaks_ties: bool
     """rl.self_certainty_breaks_ties."""

@@ -68,10 +68,14 @@ class StepRewards:
         return torch.tensor([[r.format + r.action_type + r.attribute + r.value for r in group]
                              for group in self.rewards], dtype=torch.float64)
 
+    def right_type(self) -> torch.Tensor:
+        """[P, G] bool: the response's action type is the target's (it earned Table 1's action-type reward)."""
+        return torch.tensor([[r.action_type > 0 for r in group] for group in self.rewards], dtype=torch.bool)
+
     def components(self, breaks_ties: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """rl.scale_rewards=decoupled's components [2, P, G]: the decision (format + action_type) and the content
-        (attribute + value + alpha * s, the rest of the total); and what must tie for each to carry no signal (the
-        content without alpha * s unless self-certainty breaks ties)."""
+        """rl.scale_rewards=decoupled's and within_type's components [2, P, G]: the decision (format + action_type)
+        and the content (attribute + value + alpha * s, the rest of the total); and what must tie for each to carry no
+        signal (the content without alpha * s unless self-certainty breaks ties)."""
         decision = [[r.format + r.action_type for r in group] for group in self.rewards]
         content = [[r.total - (r.format + r.action_type) for r in group] for group in self.rewards]
         content_tie = content if breaks_ties else [[r.attribute + r.value for r in group] for group in self.rewards]
@@ -83,13 +87,15 @@ def step_advantages(rewards: StepRewards, cfg: AdvantageConfig) -> GroupAdvantag
     """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
     or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie."""
     tie = None if cfg.self_certainty_breaks_ties else rewards.action_rewards()
-    strata = components = tie_components = None
+    strata = components = tie_components = right_type = None
     if cfg.scale_rewards == "target_type":
         strata = torch.tensor(rewards.target_types)
-    if cfg.scale_rewards == "decoupled":
+    if cfg.scale_rewards in ("decoupled", "within_type"):
         components, tie_components = rewards.components(cfg.self_certainty_breaks_ties)
+    if cfg.scale_rewards == "within_type":
+        right_type = rewards.right_type()
     return group_advantages(rewards.totals(), scale=cfg.scale_rewards, tie_rewards=tie, strata=strata,
-                            components=components, tie_components=tie_components)
+                            components=components, tie_components=tie_components, right_type=right_type)
 
 
 def kept_rows(adv: GroupAdvantages, cfg: AdvantageConfig) -> list[int]:

@@ -4,6 +4,7 @@
     attribute    click: +0.2 if name != ""            type_and_submit: +0.1 if name != "", +0.1 if text != ""
     value        click: + DARS * ROUGE-L(name)        type_and_submit: + 0.1 * ROUGE-L(name) + DARS * ROUGE-L(text)
                  terminate: + reward.terminate_value * DARS (0 in the paper; not in Table 1)
+                 click, type_and_submit: + reward.type_value * DARS for the right type (0 in the paper)
 
 A value term counts only when its ROUGE-L >= the threshold (0.75 in the paper). A wrong type earns nothing here.
 "Non-empty" is judged after stripping whitespace, so a blank name earns no attribute reward.
@@ -88,11 +89,11 @@ def action_reward(pred: Action, target: Action, cfg: RewardConfig,
                                  "shop_r1/data/pages.py: page_element_names)")
             if value and not click_value_allowed(pred.name, target.name, page_names):
                 value = 0.0
-        return ActionReward(ACTION_TYPE_REWARD, attribute, value)
+        return ActionReward(ACTION_TYPE_REWARD, attribute, value + cfg.type_value * dars)
     if target.type == "type_and_submit":
         attribute = (TYPE_NAME_ATTRIBUTE if pred.name.strip() else 0.0) + \
             (TYPE_TEXT_ATTRIBUTE if pred.text.strip() else 0.0)
         value = TYPE_NAME_VALUE_WEIGHT * _thresholded(rouge_l(pred.name, target.name), cfg.rouge_threshold) + \
             dars * _thresholded(rouge_l(pred.text, target.text), cfg.rouge_threshold)
-        return ActionReward(ACTION_TYPE_REWARD, attribute, value)
+        return ActionReward(ACTION_TYPE_REWARD, attribute, value + cfg.type_value * dars)
     return ActionReward(action_type=ACTION_TYPE_REWARD, value=cfg.terminate_value * dars)

@@ -210,6 +210,76 @@ def test_decoupled_needs_components_of_the_rewards_shape():
         group_advantages(REWARDS, scale="decoupled", components=torch.zeros(2, 3, 2))
 
 
+# ------------------------------------------------------------------ within_type: content compared within the right type
+
+def test_within_type_pays_the_type_alike_and_compares_content_only_among_the_right_type():
+    # Group 0 (a click target): a terminate (decision 0.5, content 0), a wrong-name click (0.8, 0.2), the exact click
+    # (0.8, 1000.2), another wrong-name click (0.8, 0.2). Group 1 (a query target): a click (0.5, 0), two queries at
+    # ROUGE 0.8 (0.8, 800.3) and a query far off (0.8, 0.3).
+    # decision: group 0 (0.5, .8, .8, .8) and group 1 (0.5, .8, .8, .8): centred (-0.225, 0.075 x3) in both; batch
+    # std over the 8 decisions: mean 0.725, squared deviations 2 * 0.225^2 + 6 * 0.075^2 = 0.135, / 7 ->
+    # std sqrt(0.0192857) = 0.138873.
+    # content among the right type: group 0 (0.2, 1000.2, 0.2) mean 333.5333 -> (-333.33, +666.67, -333.33);
+    # group 1 (800.3, 800.3, 0.3) mean 533.6333 -> (+266.67, +266.67, -533.33); RMS over the 6:
+    # (2 * 333.33^2 + 666.67^2 + 2 * 266.67^2 + 533.33^2) / 6 = (222222 + 444444 + 142222 + 284444) / 6 = 182222
+    # -> 426.875. The wrong type's content term is 0.
+    d = torch.tensor([[0.5, 0.8, 0.8, 0.8], [0.5, 0.8, 0.8, 0.8]], dtype=torch.float64)
+    c = torch.tensor([[0.0, 0.2, 1000.2, 0.2], [0.0, 800.3, 800.3, 0.3]], dtype=torch.float64)
+    out = group_advantages(d + c, eps=0.0, scale="within_type", components=torch.stack([d, c]), right_type=d > 0.6)
+    dstd, rms = math.sqrt(0.135 / 7), math.sqrt((2 * (1000 / 3) ** 2 + (2000 / 3) ** 2 + 2 * (800 / 3) ** 2
+                                                   + (1600 / 3) ** 2) / 6)
+    assert rms == pytest.approx(426.875, abs=1e-3)
+    expected = torch.tensor([[-0.225 / dstd, 0.075 / dstd - 1000 / 3 / rms, 0.075 / dstd + 2000 / 3 / rms,
+                              0.075 / dstd - 1000 / 3 / rms],
+                             [-0.225 / dstd, 0.075 / dstd + 800 / 3 / rms, 0.075 / dstd + 800 / 3 / rms,
+                              0.075 / dstd - 1600 / 3 / rms]], dtype=torch.float64)
+    torch.testing.assert_close(out.advantages, expected)
+    # The wrong-type answer's advantage is the same in both groups, though the query group's right type earns more
+    # on average (~534 vs ~334): the type prior is not pulled toward the type whose near-misses pay.
+    assert float(out.advantages[0, 0]) == pytest.approx(float(out.advantages[1, 0]))
+    # `batch` scaling puts group 1's click below group 0's terminate by the gap of the group means (400.95 - 250.875)
+    totals = d + c
+    batch = group_advantages(totals, eps=0.0, scale="batch").advantages
+    assert float(batch[1, 0] - batch[0, 0]) == pytest.approx(-150.075 / float(totals.std()))
+
+
+def test_within_type_gives_a_lone_right_type_answer_only_its_decision_term():
+    d = torch.tensor([[0.8, 0.5, 0.5]], dtype=torch.float64)
+    c = torch.tensor([[1000.2, 0.0, 0.0]], dtype=torch.float64)
+    out = group_advantages(d + c, eps=0.0, scale="within_type", components=torch.stack([d, c]), right_type=d > 0.6)
+    # decision (0.8, 0.5, 0.5): centred (0.2, -0.1, -0.1), std sqrt(0.06 / 2) = sqrt 0.03; content: nothing to compare
+    r = math.sqrt(0.03)
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.2 / r, -0.1 / r, -0.1 / r]], dtype=torch.float64))
+
+
+def test_within_type_needs_components_and_a_right_type_mask():
+    comps = torch.zeros(2, *REWARDS.shape)
+    with pytest.raises(ValueError, match="needs components"):
+        group_advantages(REWARDS, scale="within_type", right_type=torch.ones(REWARDS.shape, dtype=torch.bool))
+    with pytest.raises(ValueError, match="bool right_type"):
+        group_advantages(REWARDS, scale="within_type", components=comps)
+    with pytest.raises(ValueError, match="bool right_type"):
+        group_advantages(REWARDS, scale="within_type", components=comps, right_type=torch.ones(REWARDS.shape))
+
+
+def test_step_advantages_within_type_reads_the_right_type_from_the_action_type_reward():
+    # MIXED: decision (0.8, 0.5, 0.8), right type (yes, no, yes); content (7a, -, 1000.2 + 7a) with 7a = 0.035: among
+    # the right type centred (-500.1, +500.1). TIED: decisions 0.8 x3, content (6.4a, 6.8a, 7.2a) centred
+    # (-0.002, 0, +0.002), and zero-signal (its action rewards tie), so 0 in the end.
+    # decision batch std over six: mean 0.75, (5 * 0.05^2 + 0.25^2) / 5 = 0.015; MIXED centred (0.1, -0.2, 0.1).
+    # content RMS over the five compared answers: sqrt((2 * 0.002^2 + 2 * 500.1^2) / 5).
+    cfg = _cfg(breaks_ties=False)
+    cfg.rl.scale_rewards = "within_type"
+    out = step_advantages([TIED, MIXED], cfg)
+    dstd, rms = math.sqrt(0.015), math.sqrt((2 * 0.002 ** 2 + 2 * 500.1 ** 2) / 5)
+    mixed = [0.1 / dstd - 500.1 / rms, -0.2 / dstd, 0.1 / dstd + 500.1 / rms]
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, 0.0, 0.0], mixed], dtype=torch.float64),
+                               atol=1e-4, rtol=0)
+    assert out.num_zero_signal_groups == 1
+    # The wrong type sits below the right terminate only by the decision; the exact click above both.
+    assert mixed[1] < mixed[0] < mixed[2]
+
+
 @pytest.mark.parametrize("breaks_ties", [False, True])
 def test_step_advantages_decoupled_splits_decision_from_content(breaks_ties):
     # MIXED: decision (0.8, 0.5, 0.8) -> (1, -2, 1)/sqrt 3; content (7a, 7a, 1000.2 + 7a) -> (-1, -1, 2)/sqrt 3;

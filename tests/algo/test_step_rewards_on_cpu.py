@@ -25,7 +25,7 @@ def _rewards(seed: int, num_prompts: int = 6, group_size: int = 3) -> StepReward
     return StepRewards(tuple(groups), tuple(int(t) for t in torch.randint(0, 3, (num_prompts,), generator=g)))
 
 
-@pytest.mark.parametrize("scale", ["group", "batch", "none", "target_type", "decoupled"])
+@pytest.mark.parametrize("scale", ["group", "batch", "none", "target_type", "decoupled", "within_type"])
 def test_the_kept_rows_known_before_s_are_those_after_it(scale):
     cfg = RLConfig(drop_zero_signal_groups=True, self_certainty_breaks_ties=False,
                    scale_rewards=scale).advantage_config(RewardConfig())

@@ -114,6 +114,29 @@ def test_terminate_value_pays_a_correct_terminate_in_dars_units():
                           RewardConfig(terminate_value=1.0, action_reward="binary")).total == 1.5
 
 
+def test_type_value_pays_the_right_type_in_dars_units():
+    cfg = RewardConfig(type_value=0.2)  # 0.2 * DARS 1000 = 200 for a right click or query type, whatever the name
+    wrong_name = score_response(respond({"type": "click", "name": "x.y"}), CLICK, cfg)
+    assert (wrong_name.action_type, wrong_name.attribute, wrong_name.value) == (0.3, 0.2, 200.0)
+    assert wrong_name.total == 201.0
+    exact = score_response(respond({"type": "click", "name": "a.b.c.d"}), CLICK, cfg)
+    assert exact.value == 1200.0  # 1000 * ROUGE 1.0 + 200
+    # A query: 0.1 * ROUGE(name) 1.0 + 1000 * ROUGE(text) (2 of 3 tokens: P = 1, R = 2/3, F = 0.8) + 200
+    near = score_response(respond({"type": "type_and_submit", "name": "search_input", "text": "hiking backpack"}),
+                          TAS, cfg)
+    assert near.value == pytest.approx(1000.1)
+    far = score_response(respond({"type": "type_and_submit", "name": "search_input", "text": "tent"}), TAS, cfg)
+    assert far.value == pytest.approx(200.1)  # F = 0 < 0.75: only the name's 0.1 and the type's 200
+    # A wrong type earns nothing of it; a terminate is paid by terminate_value only.
+    assert score_response(respond({"type": "type_and_submit", "name": "search_input", "text": "a"}), CLICK,
+                          cfg).total == 0.5
+    assert score_response(respond({"type": "terminate"}), TERM, cfg).value == 0.0
+    assert score_response(respond({"type": "click", "name": "x.y"}), CLICK,
+                          RewardConfig(type_value=0.2, reward_scale=False)).value == pytest.approx(0.2)
+    assert score_response(respond({"type": "click", "name": "x.y"}), CLICK,
+                          RewardConfig(type_value=1.0, action_reward="binary")).total == 0.5
+
+
 def test_ablation_binary_action_reward():
     cfg = RewardConfig(action_reward="binary")
     exact = score_response(respond({"type": "click", "name": " a.b.c.d "}), CLICK, cfg)
