@@ -4,7 +4,8 @@ both models chose the target's type.
     python experiments/type_flips.py SFT_PREDICTIONS.jsonl[.gz] RL_PREDICTIONS.jsonl[.gz] [...more RL files]
 
 - flips: examples where the two models answer with different action types (an unparseable answer counts as a type
-  of its own), split into gained (RL's type is the target's, SFT's is not), lost (the reverse) and neither.
+  of its own), split into gained (RL's type is the target's, SFT's is not), lost (the reverse) and neither; and
+  how many of them each model got exactly right (a gained terminate is exact, a gained click only with its name).
 - same right type: examples where both answer with the target's click or type_and_submit type; exact match of each
   there. A rise here is RL naming the element or writing the query better; a rise of RL's exact on its own
   right-type answers alone can be selection (RL keeping only the easier clicks), which this pairing rules out.
@@ -41,6 +42,8 @@ def type_flips(sft: Predictions, rl: Predictions) -> dict[str, Any]:
         tb = pb.action.type if pb else UNPARSED
         if ta != tb:
             flips["gained" if tb == target.type else "lost" if ta == target.type else "neither"] += 1
+            flips["sft_exact"] += bool(pa) and exact_match(pa.action, target)
+            flips["rl_exact"] += bool(pb) and exact_match(pb.action, target)
         elif ta == target.type and target.type != "terminate":
             row = same.setdefault(target.type, Counter())
             row["n"] += 1
@@ -54,7 +57,8 @@ def render(name: str, r: dict[str, Any]) -> str:
     same = "; ".join(f"{t} exact {v['sft_exact']} -> {v['rl_exact']} of {v['n']}"
                      for t, v in sorted(r["same_right_type"].items()))
     return (f"{name}: type flips gained {f.get('gained', 0)}, lost {f.get('lost', 0)}, neither {f.get('neither', 0)} "
-            f"(of {r['n']}); both the target's type: {same}")
+            f"(of {r['n']}), exact there {f.get('sft_exact', 0)} -> {f.get('rl_exact', 0)}; both the target's type: "
+            f"{same}")
 
 
 def main(argv: list[str]) -> None:

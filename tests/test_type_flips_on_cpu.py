@@ -43,11 +43,13 @@ RL = _predictions([  # another order: aligned by example id
 def test_counts_by_hand():
     r = type_flips(SFT, RL)
     assert r["n"] == 6
-    assert r["flips"] == {"gained": 1, "lost": 1, "neither": 1}
+    # flips: s3:1 (unparsed -> a query on a click target: neither), s3:0 (exact terminate lost), s2:1 (exact query
+    # gained): one exact each side
+    assert r["flips"] == {"gained": 1, "lost": 1, "neither": 1, "sft_exact": 1, "rl_exact": 1}
     assert r["same_right_type"] == {"click": {"n": 2, "sft_exact": 1, "rl_exact": 1},
                                     "type_and_submit": {"n": 1, "sft_exact": 0, "rl_exact": 1}}
     text = render("rl", r)
-    assert "gained 1, lost 1, neither 1 (of 6)" in text and "click exact 1 -> 1 of 2" in text
+    assert "gained 1, lost 1, neither 1 (of 6), exact there 1 -> 1" in text and "click exact 1 -> 1 of 2" in text
 
 
 def test_different_targets_or_missing_examples_are_errors():

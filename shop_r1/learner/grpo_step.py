@@ -106,34 +106,44 @@ class StepSums:
                              is_truncated_fraction=self.is_truncated / max(tokens, 1.0))
 
 
+def minibatch_rows(num_rows: int, num_minibatches: int) -> list[list[int]]:
+    """A rank's rows (batch order) in `num_minibatches` consecutive blocks as even as the count allows, one per
+    optimizer step (rl.num_minibatches); a block is empty where a rank has fewer rows than mini-batches. Every rank
+    makes the same number of blocks, so each optimizer step is one collective step under ZeRO/FSDP."""
+    bounds = [num_rows * k // num_minibatches for k in range(num_minibatches + 1)]
+    return [list(range(bounds[k], bounds[k + 1])) for k in range(num_minibatches)]
+
+
 def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, step: int,
                 pack: bool = False) -> GRPOStepStats:
-    """One rollout batch: reference and old logprobs, then `cfg.num_minibatches` clipped-surrogate updates.
+    """One rollout batch: reference and old logprobs, then `cfg.num_minibatches` clipped-surrogate updates, each on
+    its own block of rows (`minibatch_rows`), cut into micro-batches of its own.
 
     `batch` is this rank's share (any size, even empty); the figures are over the global batch, labelled `step`.
     `pack`: micro-batches sequence-packed (learner.pack_sequences), the same loss and gradient as padded.
     """
     forward, policy = forward_of(backend, pack), backend.policy
-    micro = micro_batches(backend, batch, pack)
+    minis = [micro_batches(backend, batch if cfg.num_minibatches == 1 else batch.select(rows), pack)
+             for rows in minibatch_rows(batch.num_responses, cfg.num_minibatches)]
+    minis = [micro for micro in minis if micro]  # empty on every rank (fewer rows than mini-batches): no step
     with torch.no_grad():
         # With one update per rollout batch the policy is still the sampler: old == current, so the ratio is
         # exactly 1 and its detached logprobs serve as `old` without a second forward pass.
-        old = [forward.completion_logprobs(policy, mb) if cfg.num_minibatches > 1 else None for mb in micro]
-        ref = [forward.completion_logprobs(backend.reference, mb) if backend.reference is not None else None
-               for mb in micro]
-    groups = [list(range(i, len(micro), cfg.num_minibatches)) for i in range(min(cfg.num_minibatches, len(micro)))]
-    # Global denominators, one per mini-batch group: the loss units (tokens or responses) of every rank.
-    local = [sum(loss_units(micro[i].completion_mask, cfg.loss) for i in group) for group in groups]
-    denominators = backend.all_reduce(torch.tensor(local, dtype=torch.float64)).tolist() if groups else []
+        old = [[forward.completion_logprobs(policy, mb) if cfg.num_minibatches > 1 else None for mb in micro]
+               for micro in minis]
+        ref = [[forward.completion_logprobs(backend.reference, mb) if backend.reference is not None else None
+                for mb in micro] for micro in minis]
+    # Global denominators, one per mini-batch: the loss units (tokens or responses) of every rank.
+    local = [sum(loss_units(mb.completion_mask, cfg.loss) for mb in micro) for micro in minis]
+    denominators = backend.all_reduce(torch.tensor(local, dtype=torch.float64)).tolist() if minis else []
     sums, grad_norms, causes = StepSums(), [], []
-    for group, denominator in zip(groups, denominators):
+    for micro, old_mini, ref_mini, denominator in zip(minis, old, ref, denominators):
         losses = []
-        for i in group:
-            mb = micro[i]
+        for mb, old_logp, ref_logp in zip(micro, old_mini, ref_mini):
             backend.begin_micro_batch()
             logp = forward.completion_logprobs(policy, mb)
-            weighted, loss, mb_sums = _micro_batch_loss(backend, mb, logp, old[i], ref[i], cfg, denominator,
-                                                        len(groups))
+            weighted, loss, mb_sums = _micro_batch_loss(backend, mb, logp, old_logp, ref_logp, cfg, denominator,
+                                                        len(minis))
             backend.backward(weighted)
             losses.append(loss)
             sums = sums + mb_sums

@@ -12,7 +12,8 @@ from shop_r1.algo.grpo_loss import LossInputs, grpo_loss
 from shop_r1.config import LearnerConfig, RLConfig
 from shop_r1.learner.backend import OptimizerStep, TrainingBackend, lr_scheduler
 from shop_r1.learner.forward import Forward
-from shop_r1.learner.grpo_step import grpo_update, micro_batches, probe_logprobs, rationale_self_certainty
+from shop_r1.learner.grpo_step import (grpo_update, micro_batches, minibatch_rows, probe_logprobs,
+                                      rationale_self_certainty)
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
 
@@ -96,6 +97,39 @@ def test_a_split_batch_gives_the_whole_batchs_loss_and_gradient(models, loss):
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     assert max(float(g.abs().max()) for g in expected.values()) > 1e-4
+
+
+def test_minibatch_rows_split_a_ranks_rows_into_even_consecutive_blocks():
+    assert minibatch_rows(6, 1) == [[0, 1, 2, 3, 4, 5]]
+    assert minibatch_rows(7, 3) == [[0, 1], [2, 3], [4, 5, 6]]
+    assert minibatch_rows(2, 4) == [[], [0], [], [1]]  # fewer rows than mini-batches: some blocks are empty
+    assert minibatch_rows(0, 2) == [[], []]
+
+
+@pytest.mark.parametrize("max_tokens", [24, 4096])
+def test_num_minibatches_takes_one_optimizer_step_per_block_of_rows(models, max_tokens):
+    """rl.num_minibatches=2: two optimizer steps, each with the gradient of its half of the rows as a batch of its
+    own, whether the rows fill one micro-batch (max_tokens 4096: the split used to be over micro-batches, so one
+    micro-batch meant one step and the setting did nothing) or several."""
+    policy, reference = models
+    batch = _grouped_batch(1)
+    cfg = RLConfig(loss="dapo", kl_beta=0.1, num_minibatches=2).loss_config(max_new_tokens=8)
+    backend = TorchBackend(policy, LearnerConfig(max_tokens_per_micro_batch=max_tokens), reference)
+    stats = grpo_update(backend, batch, cfg, step=3)
+    assert backend.calls.count("step") == 2 and len(backend.grads) == 2
+    assert stats.num_tokens == 22
+    forward = Forward(torch.device("cpu"))
+    for rows, got in zip(minibatch_rows(batch.num_responses, 2), backend.grads):
+        half = batch.select(rows)
+        logp = forward.completion_logprobs(policy, half)
+        with torch.no_grad():
+            ref = forward.completion_logprobs(reference, half)
+        loss = grpo_loss(LossInputs(logp, logp.detach(), half.advantages, half.completion_mask, ref_logp=ref), cfg)
+        loss.loss.backward()
+        for name, p in policy.named_parameters():
+            torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        policy.zero_grad(set_to_none=True)
+    assert any(not torch.allclose(backend.grads[0][n], backend.grads[1][n]) for n in backend.grads[0])
 
 
 def test_the_variants_train_differently(models):
