@@ -12,8 +12,13 @@ from shop_r1.algo.grpo_loss import LossInputs, grpo_loss
 from shop_r1.config import LearnerConfig, RLConfig
 from shop_r1.learner.backend import OptimizerStep, TrainingBackend, lr_scheduler
 from shop_r1.learner.forward import Forward
-from shop_r1.learner.grpo_step import (grpo_update, micro_batches, minibatch_rows, probe_logprobs,
-                                      rationale_self_certainty)
+from shop_r1.learner.grpo_step import (
+    grpo_update,
+    micro_batches,
+    minibatch_rows,
+    probe_logprobs,
+    rationale_self_certainty,
+)
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
 
