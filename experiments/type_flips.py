@@ -30,7 +30,11 @@ UNPARSED = "unparsed"
 
 
 def type_flips(sft: Predictions, rl: Predictions) -> dict[str, Any]:
-    """The counts above; `rl` is aligned to `sft`'s example ids (every id must be in both)."""
+    """The counts above; `rl` is aligned to `sft`'s example ids (both must hold the same ids, once each)."""
+    extra = set(rl.example_ids) - set(sft.example_ids)
+    if extra or len(set(rl.example_ids)) != len(rl.example_ids):
+        raise ValueError(f"the two files hold different examples ({len(extra)} only in the second, e.g. "
+                         f"{sorted(extra)[:1]}, or an id twice): predictions of different runs?")
     rl = rl.select(sft.example_ids)
     flips: Counter[str] = Counter()
     same: dict[str, Counter[str]] = {}

@@ -139,14 +139,15 @@ class RewardConfig:
     """A correct `terminate` also earns a value term of terminate_value * DARS (as if it were an exactly matched name).
     0 (the paper's Table 1): a correct terminate earns only its 0.3 type reward, nothing beside the DARS-scale value
     of a correct click or query, so under batch-scaled advantages RL learns that stopping is worth nothing and drops
-    the terminate answers (issue 21). 1 pays every exactly right action alike, as the evaluation's exact match does.
-    Not applied to `action_reward=binary` (already equal) or to a `reward.fn` of your own."""
+    the terminate answers (issue 21). 1 pays every exactly right action alike, as the evaluation's exact match does
+    (with type_value 0: a type_value t pays an exact click or query (1 + t) * DARS, a right terminate still
+    terminate_value * DARS). Not applied to `action_reward=binary` (already equal) or to a `reward.fn` of your own."""
     type_value: float = bounded(0.0, ge=0, le=1)
     """A click or type_and_submit of the right type also earns type_value * DARS in its value term, whatever its name
     or text: the type decision on the scale of the name's value, as terminate_value pays a right terminate. 0 (Table
     1): a right type earns 0.3, nothing beside a query's partial ROUGE credit (0.75-0.99 * DARS), so RL drifts toward
-    typing on pages where clicks earn only an exact name (issue 21; README "The main job"). Not applied to
-    `action_reward=binary` or to a `reward.fn` of your own."""
+    typing on pages where clicks earn only an exact name (issue 21; README "The main job"). A right terminate is paid
+    by terminate_value alone. Not applied to `action_reward=binary` or to a `reward.fn` of your own."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
     fn: str = ""
     """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,
@@ -476,7 +477,10 @@ class RLConfig:
     advantages.py), `decoupled` normalises the decision (format + action_type) and the content (attribute + value +
     alpha * s) each by its own group std, sums them and divides by the sum's batch std (GDPO); `within_type` scales
     the decision by its batch std and compares the content only among the group's answers of the right action type,
-    so a type whose near-misses pay more (queries' partial ROUGE credit) does not win the type prior."""
+    so a type whose near-misses pay more (queries' partial ROUGE credit) does not win the type prior; alpha * s(r)
+    then counts only among right-type answers (a group whose answers are all of the wrong type gets advantages 0
+    even where self-certainty breaks ties). Needs the hierarchical Shop-R1 reward (refused with reward.fn or
+    action_reward=binary)."""
     self_certainty_breaks_ties: bool = True
     """True (the paper): a group is zero-signal only when its *total* rewards all tie, so alpha * s(r), which always
     differs a little, decides the advantages of a group whose samples earn the same action reward (|A| up to ~2.5
@@ -791,6 +795,11 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
         problems.append(f"reward.self_certainty.source=update_logits needs the Shop-R1 reward (reward.fn empty, got "
                         f"{cfg.reward.fn!r}): a plug-in reward's total is its own, s(r) never re-forms it; use "
                         "reward.self_certainty.source=learner_logits")
+    if cfg.rl.scale_rewards == "within_type" and (cfg.reward.fn or cfg.reward.action_reward == "binary"):
+        what = f"reward.fn={cfg.reward.fn!r}" if cfg.reward.fn else "reward.action_reward=binary"
+        problems.append(f"rl.scale_rewards=within_type needs Table 1's hierarchical reward (got {what}): it reads "
+                        "the right action type from the action-type reward, which a plug-in reward need not fill "
+                        "and the binary reward pays only for an exact match; use rl.scale_rewards=batch or group")
     if learner.attention == "flex" and learner.backend == "fsdp2":
         problems.append("learner.attention=flex runs with learner.backend=deepspeed only (the FSDP2 wrapper cannot "
                         "switch the model's attention implementation); use learner.attention=dense")

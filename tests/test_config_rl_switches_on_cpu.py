@@ -44,6 +44,16 @@ def test_ranges(override, message):
     assert message in str(err.value)
 
 
+def test_within_type_is_refused_without_the_hierarchical_reward():
+    assert load_config(None, ["rl.scale_rewards=within_type"]).rl.scale_rewards == "within_type"
+    with pytest.raises(ConfigError, match=r"rl\.scale_rewards=within_type needs Table 1's hierarchical reward "
+                                          r"\(got reward\.fn='pkg\.mod:fn'\)"):
+        load_config(None, ["rl.scale_rewards=within_type", "reward.fn=pkg.mod:fn"])
+    with pytest.raises(ConfigError, match=r"\(got reward\.action_reward=binary\)"):
+        load_config(None, ["rl.scale_rewards=within_type", "reward.action_reward=binary"])
+    load_config(None, ["rl.scale_rewards=batch", "reward.action_reward=binary"])  # other scales: as before
+
+
 def test_self_certainty_from_the_update_parses_and_is_refused_where_it_cannot_apply():
     """reward.self_certainty.source=update_logits (issue 24 section 1): s(r) from the update's own forward."""
     cfg = load_config(None, ["reward.self_certainty.source=update_logits", "rl.async_level=1",

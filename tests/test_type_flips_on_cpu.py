@@ -56,5 +56,7 @@ def test_different_targets_or_missing_examples_are_errors():
     other = _predictions([(e, resp, STOP) for e, resp, _ in zip(RL.example_ids, RL.responses, RL.targets)])
     with pytest.raises(ValueError, match="different targets"):
         type_flips(SFT, other)
+    with pytest.raises(ValueError, match="hold different examples"):
+        type_flips(SFT.select(SFT.example_ids[:5]), RL)
     with pytest.raises(ValueError, match="no prediction"):
         type_flips(SFT, _predictions(list(zip(RL.example_ids[:5], RL.responses[:5], RL.targets[:5]))))

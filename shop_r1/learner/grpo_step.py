@@ -1,10 +1,11 @@
 """One rank's GRPO update and its no-grad forwards, written once against the backend protocol
 (shop_r1/learner/backend.py); every backend's learner delegates here.
 
-    micro-batches (a token budget each; every rank makes as many, see `micro_batches`)
+    mini-batches (rl.num_minibatches blocks of rows, `minibatch_rows`), each cut into micro-batches (a token budget
+    each; every rank makes as many, see `micro_batches`)
     -> no-grad: the old logprobs (only with several mini-batches) and the reference's
-    -> per mini-batch group: each micro-batch's forward, loss (shop_r1/algo/grpo_loss.py) and backward of its share
-       of the global loss; then one optimizer step
+    -> per mini-batch: each micro-batch's forward, loss (shop_r1/algo/grpo_loss.py) and backward of its share of the
+       mini-batch's global loss; then one optimizer step
     -> the step's figures, summed over every rank's tokens (`StepSums`), as GRPOStepStats
 
 `grpo_update_with_self_certainty` (reward.self_certainty.source=update_logits) is the same update of the step's whole
@@ -74,7 +75,7 @@ class StepSums:
     """One rank's sums over its trained tokens (token-weighted where a figure is per token); `all_reduced` makes
     them the global batch's."""
 
-    loss: float = 0.0  # this rank's share of the global loss, averaged over the mini-batch groups
+    loss: float = 0.0  # this rank's share of the global loss, averaged over the mini-batches
     kl: float = 0.0  # sum over micro-batches of (mean k3 KL x tokens)
     clipped: float = 0.0  # tokens whose ratio was clipped
     ratio: float = 0.0  # sum of the ratio over tokens
@@ -154,7 +155,7 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
 
 
 def _micro_batch_loss(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tensor, old: torch.Tensor | None,
-                      ref: torch.Tensor | None, cfg: LossConfig, denominator: float, num_groups: int
+                      ref: torch.Tensor | None, cfg: LossConfig, denominator: float, num_minibatches: int
                       ) -> tuple[torch.Tensor, float, StepSums]:
     """One micro-batch's share of the global loss (its loss, weighted by its loss units / `denominator`: what to
     backpropagate), its loss, and its figures, from its policy logprobs `logp` (with gradient).
@@ -172,7 +173,7 @@ def _micro_batch_loss(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tenso
     diff = (old_logp - sampler)[trained].abs()
     n_tokens = float(mask[:, 1:].sum())
     return out.loss * weight, float(out.loss.detach()), StepSums(
-        loss=float(out.loss.detach()) * weight / num_groups, kl=out.kl * n_tokens,
+        loss=float(out.loss.detach()) * weight / num_minibatches, kl=out.kl * n_tokens,
         clipped=out.clip_fraction * n_tokens, ratio=out.ratio_mean * n_tokens, tokens=n_tokens,
         sampler_abs_diff=float(diff.double().sum()),
         is_weight=float(weight_is[trained].double().sum()) if weight_is is not None else 0.0,

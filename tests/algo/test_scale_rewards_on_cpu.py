@@ -1,5 +1,5 @@
-"""rl.scale_rewards (group / batch / none / target_type / decoupled) and rl.self_certainty_breaks_ties, worked out by
-hand."""
+"""rl.scale_rewards (group / batch / none / target_type / decoupled / within_type) and
+rl.self_certainty_breaks_ties, worked out by hand."""
 
 import math
 
@@ -250,6 +250,20 @@ def test_within_type_gives_a_lone_right_type_answer_only_its_decision_term():
     # decision (0.8, 0.5, 0.5): centred (0.2, -0.1, -0.1), std sqrt(0.06 / 2) = sqrt 0.03; content: nothing to compare
     r = math.sqrt(0.03)
     torch.testing.assert_close(out.advantages, torch.tensor([[0.2 / r, -0.1 / r, -0.1 / r]], dtype=torch.float64))
+
+
+def test_within_type_leaves_a_lone_right_type_answer_out_of_the_content_rms():
+    # Group 0: one right-type answer (content 1000) beside two wrong-type ones; group 1: right-type answers with
+    # content (0, 30, 60), centred (-30, 0, 30). The RMS is over group 1's three only: sqrt(1800 / 3) = sqrt 600 (with
+    # group 0's lone answer counted as a centred 0 it would be sqrt(1800 / 4)).
+    d = torch.tensor([[0.8, 0.5, 0.5], [0.8, 0.8, 0.8]], dtype=torch.float64)
+    c = torch.tensor([[1000.0, 0.0, 0.0], [0.0, 30.0, 60.0]], dtype=torch.float64)
+    out = group_advantages(d + c, eps=0.0, scale="within_type", components=torch.stack([d, c]), right_type=d > 0.6)
+    # decision batch std: values (0.8, 0.5, 0.5, 0.8, 0.8, 0.8), mean 0.7, (4 * 0.01 + 2 * 0.04) / 5 = 0.024
+    dstd = math.sqrt(0.024)
+    rms = math.sqrt(600.0)
+    expected = torch.tensor([[0.2 / dstd, -0.1 / dstd, -0.1 / dstd], [-30 / rms, 0.0, 30 / rms]], dtype=torch.float64)
+    torch.testing.assert_close(out.advantages, expected)
 
 
 def test_within_type_needs_components_and_a_right_type_mask():

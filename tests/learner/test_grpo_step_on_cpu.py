@@ -124,6 +124,7 @@ def test_num_minibatches_takes_one_optimizer_step_per_block_of_rows(models, max_
     assert backend.calls.count("step") == 2 and len(backend.grads) == 2
     assert stats.num_tokens == 22
     forward = Forward(torch.device("cpu"))
+    half_losses = []
     for rows, got in zip(minibatch_rows(batch.num_responses, 2), backend.grads):
         half = batch.select(rows)
         logp = forward.completion_logprobs(policy, half)
@@ -131,9 +132,12 @@ def test_num_minibatches_takes_one_optimizer_step_per_block_of_rows(models, max_
             ref = forward.completion_logprobs(reference, half)
         loss = grpo_loss(LossInputs(logp, logp.detach(), half.advantages, half.completion_mask, ref_logp=ref), cfg)
         loss.loss.backward()
+        half_losses.append(float(loss.loss.detach()))
         for name, p in policy.named_parameters():
             torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
         policy.zero_grad(set_to_none=True)
+    # The step's loss: the mean of the two mini-batches' losses.
+    assert stats.loss == pytest.approx(sum(half_losses) / 2, rel=1e-5)
     assert any(not torch.allclose(backend.grads[0][n], backend.grads[1][n]) for n in backend.grads[0])
 
 
