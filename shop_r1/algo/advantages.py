@@ -146,7 +146,7 @@ def _within_type(rewards: torch.Tensor, components: torch.Tensor | None, right_t
     mean = (content * weight).sum(dim=1, keepdim=True) / count.clamp(min=1)
     compared = right_type & (count >= 2)
     centred = torch.where(compared, content - mean, torch.zeros_like(content))
-    rms = centred[compared].pow(2).mean().sqrt() if bool(compared.any()) else torch.tensor(0.0, dtype=torch.float64)
+    rms = (centred.pow(2).sum() / compared.sum().clamp(min=1)).sqrt()  # centred is 0 outside `compared`
     return decision_adv + _scaled(centred, rms, eps)
 
 
