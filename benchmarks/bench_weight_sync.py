@@ -7,10 +7,12 @@ Prints, side by side in the same run:
 - the share of GRPO step time spent outside generate / score / update / sync (driver overhead).
 
 Run: python benchmarks/bench_weight_sync.py [--model DIR] [--steps 4] [--weight-load auto|in_place|layerwise]
-         [--bucket-mb N] [--zero-copy on|off]
+         [--bucket-mb N] [--zero-copy on|off] [--set KEY=VALUE ...]
 (default: the tiny test model; rollout.weight_load: how the engine loads, in place or through vLLM's layerwise reload;
 --bucket-mb: rl.weight_sync_bucket_mb, the broadcast's bucket size; --zero-copy: weight_sync.zero_copy, a broadcast
-per tensor from the learner's parameters instead of packed buckets)
+per tensor from the learner's parameters instead of packed buckets; --set: any other dotted config override, e.g.
+rollout.num_cpus_per_engine=2 learner.num_cpus_per_rank=2, the main job's placement, where the synchronous loop's
+engine repacks on both cores while the learner waits)
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def main() -> None:
                         help="rollout.weight_load")
     parser.add_argument("--bucket-mb", type=int, default=0, help="rl.weight_sync_bucket_mb (0: the config's)")
     parser.add_argument("--zero-copy", choices=("on", "off"), default="off", help="weight_sync.zero_copy")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more dotted config overrides (after the benchmark's own)")
     parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
 
@@ -89,7 +93,7 @@ def main() -> None:
                              "logging.console_every=0", "rl.checkpoint_every=1000",
                              f"rollout.weight_load={args.weight_load}",
                              f"weight_sync.zero_copy={'true' if args.zero_copy == 'on' else 'false'}",
-                             *([f"rl.weight_sync_bucket_mb={args.bucket_mb}"] if args.bucket_mb else [])])
+                             *([f"rl.weight_sync_bucket_mb={args.bucket_mb}"] if args.bucket_mb else []), *args.set])
     runtime = start_ray(cfg.ray)
     try:
         run_grpo(cfg, args.model, prompts, tmp / "grpo", local=False, pad_id=tok.pad_token_id or 0)
@@ -105,7 +109,9 @@ def main() -> None:
     result = {
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
         "weight_load": args.weight_load, "bucket_mb": cfg.rl.weight_sync_bucket_mb,
-        "zero_copy": cfg.weight_sync.zero_copy,
+        "zero_copy": cfg.weight_sync.zero_copy, "overrides": list(args.set),
+        "num_cpus_per_engine": cfg.rollout.num_cpus_per_engine, "num_cpus_per_rank": cfg.learner.num_cpus_per_rank,
+        "threads": {k: rows[0][f"threads/{k}"] for k in ("engine_min", "learner_min") if f"threads/{k}" in rows[0]},
         "syncs_in_place": sum(r.get("weight_sync/in_place", 0.0) for r in rows),
         "weight_sync_s_per_step": [r["timing/weight_sync"] for r in rows],
         "weight_sync_s": sync, "weight_sync_gb_per_s": num_bytes / sync / 1e9,

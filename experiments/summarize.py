@@ -543,6 +543,8 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
                "paired": pairs, "minus_shop_r1": variants, "oracle_exact": oracles, "per_seed": per_seed}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     md = [f"# {suite_name} on {_machine_note()}", "",
+          *([f"Synthetic shop version {load_config(configs[0]).data.synth_version} (`data.synth_version`).", ""]
+            if configs else []),
           f"Seeds {', '.join(map(str, workspaces))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
           "SFT and RL). Test split per seed: " + "; ".join(
               f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "

@@ -353,11 +353,13 @@ def test_summarize_seeds_mean_sd_paired_predictions_and_plots(tmp_path, monkeypa
 def test_fig2_over_seeds_plots_the_temperatures(tmp_path, monkeypatch):
     monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
     wss = _seed_workspaces(tmp_path)
-    save_config(_base("rollout.temperature=0.6", "data.persona=false"), wss[0] / "config.yaml")  # no profile
+    save_config(_base("rollout.temperature=0.6", "data.persona=false", "data.synth_version=3"),
+                wss[0] / "config.yaml")  # no profile
     out = summarize.summarize_seeds("v2_fig2", suites.v2_suite("v2_fig2", _base("rollout.temperature=0.6")), wss,
                                     tmp_path / "results")
     assert (out / "temperature.png").read_bytes()[:8] == PNG_MAGIC
-    assert "Shop-R1, T=0.6" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "Shop-R1, T=0.6" in table and "Synthetic shop version 3 (`data.synth_version`)." in table
 
 
 def test_each_rl_variant_is_paired_with_the_shop_r1_run_of_its_seed(tmp_path, monkeypatch):
