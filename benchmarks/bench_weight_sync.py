@@ -11,8 +11,8 @@ Run: python benchmarks/bench_weight_sync.py [--model DIR] [--steps 4] [--weight-
 (default: the tiny test model; rollout.weight_load: how the engine loads, in place or through vLLM's layerwise reload;
 --bucket-mb: rl.weight_sync_bucket_mb, the broadcast's bucket size; --zero-copy: weight_sync.zero_copy, a broadcast
 per tensor from the learner's parameters instead of packed buckets; --set: any other dotted config override, e.g.
-rollout.num_cpus_per_engine=2 learner.num_cpus_per_rank=2, the main job's placement, where the synchronous loop's
-engine repacks on both cores while the learner waits)
+rollout.num_cpus_per_engine=2 learner.num_cpus_per_rank=2, the main job's placement: both processes get two
+OpenMP threads and take turns in the synchronous loop, the engine's repack overlapping the learner's packing)
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def main() -> None:
                         help="rollout.weight_load")
     parser.add_argument("--bucket-mb", type=int, default=0, help="rl.weight_sync_bucket_mb (0: the config's)")
     parser.add_argument("--zero-copy", choices=("on", "off"), default="off", help="weight_sync.zero_copy")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="more dotted config overrides (after the benchmark's own)")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more dotted config overrides (after the benchmark's own; may be repeated)")
     parser.add_argument("--json-out", default="", help="also write the result JSON here")
     args = parser.parse_args()
 
@@ -108,7 +108,7 @@ def main() -> None:
     other = sum(r["timing/other"] for r in rows) / len(rows)
     result = {
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
-        "weight_load": args.weight_load, "bucket_mb": cfg.rl.weight_sync_bucket_mb,
+        "weight_load": cfg.rollout.weight_load, "bucket_mb": cfg.rl.weight_sync_bucket_mb,
         "zero_copy": cfg.weight_sync.zero_copy, "overrides": list(args.set),
         "num_cpus_per_engine": cfg.rollout.num_cpus_per_engine, "num_cpus_per_rank": cfg.learner.num_cpus_per_rank,
         "threads": {k: rows[0][f"threads/{k}"] for k in ("engine_min", "learner_min") if f"threads/{k}" in rows[0]},

@@ -531,6 +531,7 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     pairs = {k: {**paired(c), "shop_r1_minus_sft_continued": continued[k]} for k, c in comparisons.items()}
     oracles = {k: per_seed[k]["oracle_exact"] for k in workspaces}
     configs = [ws / "config.yaml" for ws in workspaces.values() if (ws / "config.yaml").exists()]
+    versions = sorted({load_config(c).data.synth_version for c in configs})
     if configs:
         shutil.copy(configs[0], out / "config.yaml")
         if suite_name == "v2_fig2":
@@ -543,8 +544,8 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
                "paired": pairs, "minus_shop_r1": variants, "oracle_exact": oracles, "per_seed": per_seed}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     md = [f"# {suite_name} on {_machine_note()}", "",
-          *([f"Synthetic shop version {load_config(configs[0]).data.synth_version} (`data.synth_version`).", ""]
-            if configs else []),
+          *([f"Synthetic shop version {', '.join(map(str, versions))} (`data.synth_version`"
+             f"{'; the seeds differ' if len(versions) > 1 else ''}).", ""] if versions else []),
           f"Seeds {', '.join(map(str, workspaces))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
           "SFT and RL). Test split per seed: " + "; ".join(
               f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "
