@@ -5,7 +5,10 @@ Same model, same prompts (Shop-R1 RL examples from the synthetic shop), same sam
 per-token logprob records). Prints generated tokens/s for each and the ratio group/direct.
 
 Run: python benchmarks/bench_rollout.py [--model DIR] [--prompts 16] [--n 4] [--max-new-tokens 64]
+         [--cpu-linear onednn [torch ...]]
 (default model: the tiny test model, built in a temp dir). On a GPU machine the same command measures CUDA vLLM.
+--cpu-linear: the group's rollout.cpu_linear, one group run per value in the order given (repeat values to alternate
+them); the first is `group_tokens_per_s`, every run is in `group_runs`.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def direct(args: argparse.Namespace) -> None:
     print(json.dumps({"tokens": tokens, "seconds": seconds}))
 
 
-def group(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
+def group(args: argparse.Namespace, prompts: list[list[int]], cpu_linear: str = "onednn") -> dict:
     from shop_r1.config import RayConfig, RolloutConfig
     from shop_r1.distributed.engine_group import EngineGroup
     from shop_r1.distributed.runtime import start_ray
@@ -69,7 +72,8 @@ def group(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
 
     runtime = start_ray(RayConfig())
     try:
-        cfg = RolloutConfig(num_engines=1, top_k_logprobs=args.top_k, num_cpus_per_engine=os.cpu_count() or 1)
+        cfg = RolloutConfig(num_engines=1, top_k_logprobs=args.top_k, num_cpus_per_engine=os.cpu_count() or 1,
+                            cpu_linear=cpu_linear)
         engines = EngineGroup(args.model, cfg, args.max_model_len, seed=0, local=False)
         spec = SamplingSpec(n=args.n, temperature=0.6, max_new_tokens=args.max_new_tokens, top_k_logprobs=args.top_k,
                             seed=0)
@@ -92,6 +96,8 @@ def main() -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--top-k", type=int, default=20)
+    parser.add_argument("--cpu-linear", nargs="+", default=["onednn"], choices=("onednn", "torch"),
+                        help="rollout.cpu_linear of the group's engine; one group run per value")
     parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--prompts-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--json-out", default="", help="also write the result JSON here")
@@ -108,10 +114,14 @@ def main() -> None:
                             str(args.max_new_tokens), "--max-model-len", str(args.max_model_len), "--top-k",
                             str(args.top_k)], capture_output=True, text=True, check=True)
     d = json.loads(child.stdout.strip().splitlines()[-1])
-    g = group(args, prompts)
+    runs = [{"cpu_linear": mode, **group(args, prompts, mode)} for mode in args.cpu_linear]
+    for r in runs:
+        r["tokens_per_s"] = r["tokens"] / r["seconds"]
+    g = runs[0]
     result = {"model": args.model, "prompts": len(prompts), "n": args.n, "max_new_tokens": args.max_new_tokens,
               "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
-              "direct_tokens_per_s": d["tokens"] / d["seconds"], "group_tokens_per_s": g["tokens"] / g["seconds"]}
+              "direct_tokens_per_s": d["tokens"] / d["seconds"], "group_tokens_per_s": g["tokens"] / g["seconds"],
+              "cpu_linear": g["cpu_linear"], "group_runs": runs}
     result["ratio_group_over_direct"] = result["group_tokens_per_s"] / result["direct_tokens_per_s"]
     emit(result, args.json_out)
 

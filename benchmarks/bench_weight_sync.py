@@ -120,6 +120,8 @@ def main() -> None:
         "weight_sync_phase_s": {k: sum(r[f"timing/weight_sync_{k}"] for r in rows) / len(rows)
                                 for k in ("pack", "transfer", "load", "post", "reset")
                                 if all(f"timing/weight_sync_{k}" in r for r in rows)},
+        "cpu_linear": cfg.rollout.cpu_linear,
+        "rollout_s_per_step": [r["timing/rollout"] for r in rows],
         "step_s": step, "share_outside_stages": other / step,
         "share_by_stage": {k: sum(r[f"timing/{k}"] for r in rows) / len(rows) / step
                            for k in ("rollout", "reward", "advantages", "update", "weight_sync", "other")},

@@ -297,6 +297,12 @@ class RolloutConfig:
     from it), one pass over the bytes (shop_r1/rollout/in_place_load.py); refused, naming why, where the model's
     layout does not allow it (tensor parallelism, quantisation, a fusion the sender does not lay out). `layerwise`:
     vLLM's `reload_weights`, which rebuilds every layer. `auto`: in place where allowed, else layerwise."""
+    cpu_linear: Literal["onednn", "torch"] = "onednn"
+    """CPU engines only: what the linear layers (and the lm_head) compute from. `onednn`: vLLM's own, a copy of each
+    weight repacked into its CPU kernel's blocked layout, redone at every weight update (the sync's load and post
+    phases). `torch`: the weight stays a plain parameter and torch.nn.functional.linear computes from it, so an
+    in-place update is a copy and nothing is repacked (shop_r1/rollout/cpu_linear.py); generation then runs on
+    torch's GEMM. Measured side by side in benchmarks/README.md ("Weight sync"). Ignored on GPU."""
 
 
 @dataclass

@@ -9,7 +9,8 @@ view, without a copy. What each kind of parameter needs:
 
 - a linear layer's weight on CPU: vLLM's CPU kernels read a repacked copy, not the parameter, so the layer's own
   `process_weights_after_loading` runs on the new weight (one pass, the repack itself, which copies: the receive
-  buffer is free again afterwards; a kernel that keeps the weight gets a copy of it);
+  buffer is free again afterwards; a kernel that keeps the weight gets a copy of it); with rollout.cpu_linear=torch
+  the layer computes from its parameter, which takes a copy like any other;
 - everything else (a linear weight on GPU, biases, norms, the embedding): copied into the parameter in place; an
   embedding padded to a multiple of 64 rows takes the sent rows first.
 The lm_head's repack (tied to the embedding or not) is the caller's, after the stream (`WeightLoaderExtension`).
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from shop_r1.rollout.cpu_linear import is_plain
 from shop_r1.weight_sync.broadcast import PACKED_MODULES, fused_target
 
 
@@ -113,7 +115,7 @@ def _load_linear_weight(module: Any, where: str, weight: torch.Tensor) -> None:
     shape = (module.output_size_per_partition, module.input_size_per_partition)
     _check_shape(where, shape, tuple(weight.shape), padded_rows=False)
     param = module.weight
-    if hasattr(module, "cpu_linear"):  # vLLM's CPU kernels read a repacked copy: repack from the new weight
+    if hasattr(module, "cpu_linear") and not is_plain(module):  # vLLM's CPU kernels read a repacked copy: repack
         module.weight = torch.nn.Parameter(weight.to(param.dtype), requires_grad=False)
         module.quant_method.process_weights_after_loading(module)
         if module.weight.numel() and module.weight.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr():

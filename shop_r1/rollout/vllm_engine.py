@@ -66,11 +66,21 @@ class WeightLoaderExtension:
         lm_head = getattr(model, "lm_head", None)
         tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
         method = getattr(lm_head, "quant_method", None)
-        if (tied or targets is not None) and method is not None and hasattr(method, "process_weights_after_loading"):
+        from shop_r1.rollout.cpu_linear import is_plain
+
+        if (tied or targets is not None) and method is not None and hasattr(method, "process_weights_after_loading") \
+                and not is_plain(lm_head):
             # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with (the
-            # in-place path: any lm_head, its weight was copied in place).
+            # in-place path: any lm_head, its weight was copied in place). A plain lm_head (rollout.cpu_linear=torch)
+            # computes from the parameter itself.
             method.process_weights_after_loading(lm_head)
         return max(span[1] - span[0], 0.0), path
+
+    def shop_r1_plain_linear_layers(self) -> int:
+        """How many of the model's layers compute with F.linear from a plain weight (rollout.cpu_linear=torch)."""
+        from shop_r1.rollout.cpu_linear import is_plain
+
+        return sum(is_plain(m) for m in self.model_runner.get_model().modules())
 
     def _shop_r1_plan(self, model: Any, names: Sequence[str]) -> tuple[Any, str]:
         """The in-place plan for these names (made once per manifest and kept)."""
@@ -111,7 +121,14 @@ class VLLMEngine:
             # Whole prompts per step instead: the budget is at least one full-length prompt.
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni", enable_chunked_prefill=False,
                           max_num_batched_tokens=max(max_model_len, 4096))
-        self.llm = LLM(**kwargs)
+        from shop_r1.rollout.cpu_linear import plain_linear_layers
+
+        plain = not self.on_gpu and cfg.cpu_linear == "torch"
+        with plain_linear_layers(plain):
+            self.llm = LLM(**kwargs)
+        if plain and not self.llm.collective_rpc("shop_r1_plain_linear_layers")[0]:
+            raise RuntimeError("rollout.cpu_linear=torch: no linear layer of the engine's model was built plain "
+                               "(vLLM did not dispatch its CPU GEMM through dispatch_cpu_unquantized_gemm)")
         self.tokenizer = self.llm.get_tokenizer()
         # A fast (Rust) tokenizer decodes incrementally; a slow one falls back to decoding every prefix.
         self._decoder = getattr(self.tokenizer, "backend_tokenizer", None)

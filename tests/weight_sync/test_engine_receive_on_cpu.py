@@ -77,15 +77,49 @@ def _assert_engine_holds(engine, want: dict[str, torch.Tensor]) -> None:
     assert compared == set(want)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("weight_load, zero_copy", [("in_place", False), ("layerwise", False), ("in_place", True)])
-def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weight_load, zero_copy):
+def _assert_engine_computes(engine, model_dir, weights: dict[str, torch.Tensor]) -> None:
+    """The engine's greedy logprobs equal a float32 transformers forward with `weights` (the lm_head included)."""
     from transformers import AutoModelForCausalLM
 
+    from shop_r1.types import SamplingSpec
+
+    prompt = [5, 17, 42, 9, 33, 7, 21, 64]
+    [gen] = engine.generate([prompt], SamplingSpec(n=1, temperature=0.0, max_new_tokens=6, top_k_logprobs=0))
+    completion = gen.completions[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)
+    ids = torch.tensor([prompt + list(completion.token_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    want = [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(completion.token_ids)]
+    assert completion.logprobs == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("weight_load, zero_copy, cpu_linear", [
+    ("in_place", False, "onednn"), ("layerwise", False, "onednn"), ("in_place", True, "onednn"),
+    ("in_place", False, "torch")])
+def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weight_load, zero_copy, cpu_linear):
+    """rollout.cpu_linear=torch: the linear layers keep plain weights (an update is a copy, no repack), and the
+    engine computes the sent weights' logprobs after each sync, the tied lm_head included."""
+    from transformers import AutoModelForCausalLM
+
+    from shop_r1.rollout.cpu_linear import is_plain
     from shop_r1.rollout.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0, weight_load=weight_load),
-                        256, seed=0)
+    engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0, weight_load=weight_load,
+                                                           cpu_linear=cpu_linear), 256, seed=0)
+    plain = engine.llm.collective_rpc("shop_r1_plain_linear_layers")[0]
+    assert (plain > 0) == (cpu_linear == "torch")
+    if cpu_linear == "torch":  # every linear layer and the lm_head
+        from vllm.model_executor.layers.linear import LinearBase
+
+        kinds = engine.llm.collective_rpc(lambda w: sorted({type(m).__name__ for m in w.model_runner.get_model()
+                                                           .modules() if is_plain(m)}))[0]
+        linear = engine.llm.collective_rpc(lambda w: sum(isinstance(m, LinearBase)
+                                                         for m in w.model_runner.get_model().modules()))[0]
+        # ... the embedding (whose GEMM dispatch vLLM runs too) and the lm_head, tied to it here
+        assert plain == linear + 2 and {"ParallelLMHead", "VocabParallelEmbedding"} <= set(kinds), (plain, kinds)
     base = [(n, p.detach().clone()) for n, p in
             AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters()]
     # The learners' layout: q/k/v and gate/up parts adjacent, never split across buckets.
@@ -102,6 +136,8 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
         assert min(stats.transfer_s, stats.load_s, stats.post_s, stats.reset_s) >= 0 and stats.load_s > 0
         assert stats.path == weight_load if weight_load == "in_place" else stats.path.startswith("layerwise")
         _assert_engine_holds(engine, sent)
+        if cpu_linear == "torch":
+            _assert_engine_computes(engine, tiny_model_dir, sent)
 
         now = [t.data_ptr() for pool in engine._receiver.pools.values() for t in pool]
         if ptrs is not None:
@@ -109,7 +145,7 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
         ptrs = now
         assert bool(sender.buffers) != zero_copy  # persistent send buffers, unless sent from the tensors themselves
 
-    if weight_load == "in_place" and not zero_copy:
+    if weight_load == "in_place" and not zero_copy and cpu_linear == "onednn":
         # Qwen2's parameter order interleaves q/k/v weights and biases: not the fused layout.
         plain = make_manifest(((n, tuple(t.shape), t.dtype) for n, t in base), bucket_bytes=64 << 10)
         sent = {n: t * 0.5 for n, t in base}
