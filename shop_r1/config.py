@@ -472,6 +472,11 @@ class RLConfig:
     `gspo`: one ratio per response, exp(mean_t log pi/pi_old), clipped as a whole, then as `grpo` (GSPO)."""
     num_minibatches: int = bounded(1, ge=1)
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches)."""
+    loss_tokens: Literal["completion", "action"] = "completion"
+    """Which completion tokens the policy-gradient and KL terms train. `completion` (the paper): every one.
+    `action`: those outside the rationale (the action's JSON and the scaffolding around the rationale), so the
+    advantage of an answer moves its action given the rationale it sampled, not the rationale's wording (the rationale
+    is still sampled, conditions the action and gives s(r)). Not with reward.self_certainty.source=update_logits."""
     drop_zero_signal_groups: bool = False
     """Leave out zero-signal groups (their advantages are 0 anyway): see self_certainty_breaks_ties."""
     scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled", "within_type"] = "group"

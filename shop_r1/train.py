@@ -62,6 +62,9 @@ def check_sampling_config(cfg: Config) -> None:
         raise ConfigError(f"reward.self_certainty.source=topk_logprobs needs rollout.temperature=1 (got "
                           f"{cfg.rollout.temperature}): the engines' top-k logprobs are those of the sampling "
                           "distribution; use reward.self_certainty.source=learner_logits (exact, at temperature 1)")
+    if cfg.rl.loss_tokens == "action" and cfg.reward.self_certainty.source == "update_logits":
+        raise ConfigError("rl.loss_tokens=action does not combine with reward.self_certainty.source=update_logits "
+                          "(its forward reads the rationale's tokens from the loss mask): use learner_logits")
 
 
 def with_learner_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
@@ -132,8 +135,11 @@ def exact_self_certainty(scored: list[ScoredGeneration], batch: GRPOBatch, learn
 
 def update_batch(batch: GRPOBatch, adv: GroupAdvantages, cfg: Config) -> GRPOBatch:
     """The learner's batch: every response with its advantage, minus the groups without signal when
-    `rl.drop_zero_signal_groups` (tied rewards: zero advantages, nothing to learn)."""
+    `rl.drop_zero_signal_groups` (tied rewards: zero advantages, nothing to learn); with rl.loss_tokens=action only
+    the completion tokens outside the rationale train."""
     batch = batch.with_advantages(adv.advantages)
+    if cfg.rl.loss_tokens == "action":
+        batch = batch.outside_rationale()
     if not cfg.rl.drop_zero_signal_groups:
         return batch
     return batch.select(step_rewards.kept_rows(adv, cfg.rl.advantage_config(cfg.reward)))

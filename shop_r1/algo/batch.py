@@ -45,6 +45,12 @@ class GRPOBatch:
                                                           self.rationale_mask, self.advantages,
                                                           self.sampler_logprobs)), temperature=self.temperature)
 
+    def outside_rationale(self) -> GRPOBatch:
+        """The same rows with only the completion tokens outside the rationale left to train (rl.loss_tokens=action):
+        the action's JSON and the scaffolding; the rationale's tokens stay in `rationale_mask`."""
+        keep = self.completion_mask * (1 - self.rationale_mask.to(self.completion_mask.dtype))
+        return dataclasses.replace(self, completion_mask=keep)
+
     def with_advantages(self, advantages: torch.Tensor) -> GRPOBatch:
         """The same rows with these advantages: one per row in row order, any shape (e.g. [P, G]), kept in float64."""
         flat = advantages.reshape(-1).to(torch.float64).clone()

@@ -11,7 +11,7 @@ from shop_r1.algo.batch import build_grpo_batch
 from shop_r1.config import Config, ConfigError, RewardConfig
 from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
-from shop_r1.train import check_sampling_config, with_learner_self_certainty
+from shop_r1.train import check_sampling_config, update_batch, with_learner_self_certainty
 from shop_r1.types import Action, Completion, Generation, Prompt, RewardBreakdown, ScoredGeneration
 
 CLICK = Action("click", name="buy")
@@ -116,3 +116,30 @@ def test_rollout_records_hold_everything_an_audit_needs():
     assert a["reward"]["total"] == scored[0].rewards[0].total and a["reward"]["format_valid"] is True
     assert b["reward"]["format_valid"] is False and b["reward"]["error"] is None
     assert dataclasses.asdict(scored[0].rewards[0])["value"] == a["reward"]["value"]
+
+
+def test_loss_tokens_action_trains_only_the_tokens_outside_the_rationale():
+    # VALID's rationale "I want it." is characters 15..25. Six tokens at offsets 0, 15, 20, 25, 40, 60: the 2nd and
+    # 3rd lie in it, the 1st ('{"rationale": "') and the last three (the closing quote and the action) do not.
+    completion = Completion(token_ids=tuple(range(10, 16)), text=VALID, logprobs=(-0.5,) * 6,
+                            topk_logprobs=((-0.5,),) * 6, token_offsets=(0, 15, 20, 25, 40, 60),
+                            finish_reason="stop", policy_version=0)
+    gen = Generation(0, (1, 2, 3), (completion,), vocab_size=100)
+    scored = [ScoredGeneration(Prompt("ex0", (1, 2, 3), CLICK), gen, (score_response(VALID, CLICK, RewardConfig()),))]
+    batch = build_grpo_batch(scored, torch.ones(1, 1, dtype=torch.float64), pad_id=0, temperature=0.6)
+    assert batch.completion_mask[0].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert batch.rationale_mask[0].tolist() == [0, 0, 0, 0, 1, 1, 0, 0, 0]
+    action = batch.outside_rationale()
+    assert action.completion_mask[0].tolist() == [0, 0, 0, 1, 0, 0, 1, 1, 1]
+    assert action.rationale_mask.tolist() == batch.rationale_mask.tolist()  # s(r) still reads the rationale
+    cfg = Config()
+    cfg.rl.loss_tokens = "action"
+    check_sampling_config(cfg)
+    adv = group_advantages(torch.tensor([[1.0, 2.0]], dtype=torch.float64))
+    two = build_grpo_batch([_scored([VALID, VALID])], adv.advantages, pad_id=0, temperature=0.6)
+    trained = update_batch(two, adv, cfg)  # the driver's batch for the learner
+    assert torch.equal(trained.completion_mask, two.outside_rationale().completion_mask)
+    assert int(trained.completion_mask.sum()) < int(two.completion_mask.sum())
+    cfg.reward.self_certainty.source = "update_logits"
+    with pytest.raises(ConfigError, match="rl.loss_tokens=action"):
+        check_sampling_config(cfg)
