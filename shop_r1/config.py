@@ -476,7 +476,8 @@ class RLConfig:
     """Which completion tokens the policy-gradient and KL terms train. `completion` (the paper): every one.
     `action`: those outside the rationale (the action's JSON and the scaffolding around the rationale), so the
     advantage of an answer moves its action given the rationale it sampled, not the rationale's wording (the rationale
-    is still sampled, conditions the action and gives s(r)). Not with reward.self_certainty.source=update_logits."""
+    is still sampled, conditions the action and gives s(r)). A response without a parseable rationale (invalid JSON)
+    trains every token, as under `completion`. Not with reward.self_certainty.source=update_logits."""
     drop_zero_signal_groups: bool = False
     """Leave out zero-signal groups (their advantages are 0 anyway): see self_certainty_breaks_ties."""
     scale_rewards: Literal["group", "batch", "none", "target_type", "decoupled", "within_type"] = "group"
