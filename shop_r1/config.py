@@ -302,7 +302,9 @@ class RolloutConfig:
     weight repacked into its CPU kernel's blocked layout, redone at every weight update (the sync's load and post
     phases). `torch`: the weight stays a plain parameter and torch.nn.functional.linear computes from it, so an
     in-place update is a copy and nothing is repacked (shop_r1/rollout/cpu_linear.py); generation then runs on
-    torch's GEMM. Measured side by side in benchmarks/README.md ("Weight sync"). Ignored on GPU."""
+    torch's GEMM. Measured (SmolLM2-135M, 2-core AMD EPYC, benchmarks/README.md "Weight sync"): sync 1.82-1.94x the
+    raw broadcast against 2.94-3.24x, but generation at 0.71-0.75x the tokens/s, so `onednn` stays the default.
+    Ignored on GPU."""
 
 
 @dataclass
