@@ -156,3 +156,17 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
         engine.cfg.weight_load = "in_place"
         with pytest.raises(Exception, match="cannot load in place"):
             _sync(engine, sender, plain, {n: t * 0.25 for n, t in base}, 4)
+
+    if cpu_linear == "torch":
+        # A layerwise reload keeps the plain layers plain (vLLM processes every layer again after it) ...
+        engine.cfg.weight_load = "layerwise"
+        sent = {n: t * 0.75 for n, t in base}
+        stats, _ = _sync(engine, sender, manifest, sent, 3)
+        assert stats.path.startswith("layerwise")
+        assert engine.llm.collective_rpc("shop_r1_plain_linear_layers")[0] == plain
+        _assert_engine_computes(engine, tiny_model_dir, sent)
+        # ... and an engine built after it in the same process with the default is vLLM's own again.
+        engine.shutdown()
+        other = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0), 256, seed=0)
+        assert other.llm.collective_rpc("shop_r1_plain_linear_layers")[0] == 0
+        other.shutdown()
