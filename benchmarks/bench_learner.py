@@ -64,12 +64,12 @@ def bare(args: argparse.Namespace) -> dict:
 
     from shop_r1.algo.grpo_loss import LossInputs, grpo_loss
     from shop_r1.config import LearnerConfig, RLConfig
-    from shop_r1.learner.deepspeed_learner import deepspeed_config
+    from shop_r1.learner.deepspeed_learner import deepspeed_config, init_deepspeed_comm
     from shop_r1.learner.process_group import init_process_group
 
     gpu = torch.cuda.is_available()
     store = init_process_group(0, 1, "nccl" if gpu else "gloo")  # noqa: F841 - the group's store must stay alive
-    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo")
+    init_deepspeed_comm(gpu)
     cfg, rl = LearnerConfig(zero_stage=args.zero_stage), RLConfig()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-6),

@@ -4,8 +4,8 @@ the FSDP2 backend (shop_r1/learner/grpo_step.py, sft_step.py, forward.py), as ar
 (process_group.py) and the weight-sync sender (weight_sender.py); this module holds the DeepSpeed concerns: the
 engine, backward, optimizer step, ZeRO-3 gathers, save/load.
 
-The optimizer is `torch.optim.AdamW` (with `zero_allow_untested_optimizer`), so nothing is JIT-compiled but
-DeepSpeed's own shm communication op on CPU (built once into TORCH_EXTENSIONS_DIR).
+The optimizer is `torch.optim.AdamW` (with `zero_allow_untested_optimizer`), and DeepSpeed's shm communication op is
+switched off (`init_deepspeed_comm`), so nothing is JIT-compiled.
 
 DeepSpeed averages gradients over data-parallel ranks; `backward` multiplies each rank's loss by world_size to undo
 that, so the steps' losses (shares of the global batch's loss) sum over ranks as the protocol says.
@@ -57,6 +57,24 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
     }
 
 
+# DeepSpeed's shared-memory all-reduce op on CPU. It serves only DeepSpeed's inference all-reduce, which no step here
+# calls, yet `init_distributed` loads it: a JIT build (~35 s of gcc the first time) and, on every later load, torch's
+# file lock `TORCH_EXTENSIONS_DIR/deepspeed_shm_comm/lock`. A process killed while it holds that lock (a learner
+# replaced mid-start, a run stopped by a time limit) leaves the file behind, and every later DeepSpeed start that
+# loads the op then waits on it forever, idle. So the learners never load it.
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def init_deepspeed_comm(on_gpu: bool) -> None:
+    """DeepSpeed's communication backend over the process group already joined (process_group.init_process_group),
+    with the CPU shm op marked incompatible so that it is neither built nor loaded (see SHM_COMM_OP)."""
+    import deepspeed
+
+    if not on_gpu:  # on CUDA the op has no builder; the probe behind __compatible_ops__ would only cost time
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+
+
 class DeepSpeedLearner:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, warmup_steps: int = 0, reference_path: str | None = None,
@@ -67,7 +85,7 @@ class DeepSpeedLearner:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
+        init_deepspeed_comm(self.on_gpu)
         torch.manual_seed(seed)
         self.rank, self.world_size, self.model_path, self.cfg = rank, world_size, str(model_path), cfg
         bf16 = computes_in_bf16(cfg, self.on_gpu)

@@ -130,3 +130,32 @@ def test_exact_self_certainty_from_learner_logits(trained):
     # The paper's 1/|V| (normalize_by_vocab) divides by the logits' width, as the top-k path does.
     normalized = learner.rationale_self_certainty(batch, "p_to_u", normalize_by_vocab=True)
     assert normalized[0] == pytest.approx(expected / logits.shape[-1], rel=1e-4) and normalized[1] == 0.0
+
+
+@pytest.mark.timeout(300)
+def test_a_stale_extension_lock_does_not_stall_a_learner_start(tiny_model_dir, tmp_path):
+    """torch's JIT loader waits, forever, for `TORCH_EXTENSIONS_DIR/<op>/lock` to vanish; a process killed while it
+    held the lock leaves it behind. A learner never loads DeepSpeed's shm op, so it starts (and steps) beside a stale
+    lock, and nothing is built. In a fresh process: this one's DeepSpeed communication backend already exists."""
+    import os
+    import subprocess
+    import sys
+
+    ext = tmp_path / "torch_extensions"
+    (ext / "deepspeed_shm_comm").mkdir(parents=True)
+    (ext / "deepspeed_shm_comm" / "lock").touch()
+    code = (
+        "from shop_r1.config import LearnerConfig\n"
+        "from shop_r1.learner.deepspeed_learner import DeepSpeedLearner\n"
+        f"m = DeepSpeedLearner({str(tiny_model_dir)!r}, LearnerConfig(zero_stage=0), lr=1e-3, total_steps=1)\n"
+        "print('started', m.device)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env.update(TORCH_EXTENSIONS_DIR=str(ext), DS_ACCELERATOR="cpu")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the learner did not start within 240 s beside a stale lock in {ext}") from e
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "started cpu" in out.stdout
+    assert sorted(p.name for p in ext.rglob("*")) == ["deepspeed_shm_comm", "lock"]  # nothing built, lock untouched
