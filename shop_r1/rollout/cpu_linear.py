@@ -22,23 +22,19 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 PLAIN = "_shop_r1_plain_linear"
 """The attribute that marks a layer whose weight stays a plain parameter (F.linear computes from it)."""
 
 _lock = threading.Lock()
-_active = [0]
+_active = 0
 """How many `plain_linear_layers` blocks are open in this process (vLLM may build the model on another thread)."""
 
 
 def is_plain(module: Any) -> bool:
     """True for a layer that computes with F.linear from its own weight parameter (`torch` mode)."""
     return bool(getattr(module, PLAIN, False))
-
-
-def _plain(x: Any, weight: Any, bias: Any) -> Any:
-    import torch.nn.functional as F
-
-    return F.linear(x, weight, bias)
 
 
 def _install() -> None:
@@ -59,10 +55,10 @@ def _install() -> None:
 
         def dispatch(layer: Any, remove_weight: bool) -> None:
             weight = getattr(layer, "weight", None)
-            plain = _active[0] > 0 or is_plain(layer)
+            plain = _active > 0 or is_plain(layer)
             if not plain or weight is None or weight.ndim != 2 or weight.is_meta:
                 return original(layer, remove_weight)
-            layer.cpu_linear = _plain
+            layer.cpu_linear = torch.nn.functional.linear  # (x, weight, bias), as vLLM's cpu_unquantized_gemm calls
             setattr(layer, PLAIN, True)
 
         setattr(dispatch, PLAIN, True)
@@ -76,11 +72,12 @@ def plain_linear_layers(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
+    global _active
     _install()
     with _lock:
-        _active[0] += 1
+        _active += 1
     try:
         yield
     finally:
         with _lock:
-            _active[0] -= 1
+            _active -= 1

@@ -25,6 +25,7 @@ from typing import Any
 from tokenizers.decoders import DecodeStream
 
 from shop_r1.config import RolloutConfig
+from shop_r1.rollout.cpu_linear import is_plain, plain_linear_layers
 from shop_r1.rollout.engine import stream_offsets, token_offsets
 from shop_r1.types import Completion, Generation, SamplingSpec
 from shop_r1.weight_sync.broadcast import ReceiveStats
@@ -66,8 +67,6 @@ class WeightLoaderExtension:
         lm_head = getattr(model, "lm_head", None)
         tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
         method = getattr(lm_head, "quant_method", None)
-        from shop_r1.rollout.cpu_linear import is_plain
-
         if (tied or targets is not None) and method is not None and hasattr(method, "process_weights_after_loading") \
                 and not is_plain(lm_head):
             # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with (the
@@ -78,8 +77,6 @@ class WeightLoaderExtension:
 
     def shop_r1_plain_linear_layers(self) -> int:
         """How many of the model's layers compute with F.linear from a plain weight (rollout.cpu_linear=torch)."""
-        from shop_r1.rollout.cpu_linear import is_plain
-
         return sum(is_plain(m) for m in self.model_runner.get_model().modules())
 
     def _shop_r1_plan(self, model: Any, names: Sequence[str]) -> tuple[Any, str]:
@@ -121,8 +118,6 @@ class VLLMEngine:
             # Whole prompts per step instead: the budget is at least one full-length prompt.
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni", enable_chunked_prefill=False,
                           max_num_batched_tokens=max(max_model_len, 4096))
-        from shop_r1.rollout.cpu_linear import plain_linear_layers
-
         plain = not self.on_gpu and cfg.cpu_linear == "torch"
         with plain_linear_layers(plain):
             self.llm = LLM(**kwargs)

@@ -109,8 +109,8 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
 
     engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0, weight_load=weight_load,
                                                            cpu_linear=cpu_linear), 256, seed=0)
-    plain = engine.llm.collective_rpc("shop_r1_plain_linear_layers")[0]
-    assert (plain > 0) == (cpu_linear == "torch")
+    num_plain = engine.llm.collective_rpc("shop_r1_plain_linear_layers")[0]
+    assert (num_plain > 0) == (cpu_linear == "torch")
     if cpu_linear == "torch":  # every linear layer and the lm_head
         from vllm.model_executor.layers.linear import LinearBase
 
@@ -119,7 +119,7 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
         linear = engine.llm.collective_rpc(lambda w: sum(isinstance(m, LinearBase)
                                                          for m in w.model_runner.get_model().modules()))[0]
         # ... the embedding (whose GEMM dispatch vLLM runs too) and the lm_head, tied to it here
-        assert plain == linear + 2 and {"ParallelLMHead", "VocabParallelEmbedding"} <= set(kinds), (plain, kinds)
+        assert num_plain == linear + 2 and {"ParallelLMHead", "VocabParallelEmbedding"} <= set(kinds), kinds
     base = [(n, p.detach().clone()) for n, p in
             AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters()]
     # The learners' layout: q/k/v and gate/up parts adjacent, never split across buckets.
@@ -163,7 +163,7 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
         sent = {n: t * 0.75 for n, t in base}
         stats, _ = _sync(engine, sender, manifest, sent, 3)
         assert stats.path.startswith("layerwise")
-        assert engine.llm.collective_rpc("shop_r1_plain_linear_layers")[0] == plain
+        assert engine.llm.collective_rpc("shop_r1_plain_linear_layers")[0] == num_plain
         _assert_engine_computes(engine, tiny_model_dir, sent)
         # ... and an engine built after it in the same process with the default is vLLM's own again.
         engine.shutdown()
