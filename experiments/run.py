@@ -30,6 +30,8 @@ Stages and what marks them done (a finished stage is never redone; GRPO resumes 
     sft_continued  WS/sft_continued/hf/done.json (after WS/rl/shop_r1: its length is that stage's wall time)
 Stage wall times go to WS/stage_seconds.json. A v2 workspace refuses a config other than the one it was made with.
 `--adopt K=RUN_DIR` seeds workspace K from a finished main-job run of the same config (data, model, SFT, Shop-R1).
+`--carry RESULTS_DIR` adds the seeds of an earlier summary of the suite (made with the same config, e.g. committed by
+another session) to the table, from its committed predictions: a 3-seed table can be run one seed at a time.
 Results: RESULTS/<machine>/<suite>/ results.json, table.md, predictions/ and PNG plots (experiments/summarize.py;
 v2 suites: mean +- SD over the seeds beside each seed's own table). The test split is never used for any choice.
 """
@@ -58,7 +60,7 @@ from experiments.suites import (  # noqa: E402
     seed_workspace,
     v2_suite,
 )
-from experiments.summarize import summarize, summarize_seeds  # noqa: E402
+from experiments.summarize import carried_seeds, summarize, summarize_seeds  # noqa: E402
 from shop_r1.atomic import write_atomic  # noqa: E402
 from shop_r1.config import Config, ConfigError, config_to_dict, load_config, save_config  # noqa: E402
 
@@ -422,8 +424,20 @@ def parse_adopt(values: list[str], seeds: tuple[int, ...]) -> dict[int, Path]:
     return out
 
 
+def check_carry(carry: Path, base: Config, root: Path) -> None:
+    """An earlier summary's seeds join this run's table only if it was made with this config (seeds aside)."""
+    path = carry / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"--carry {carry}: no config.yaml there (not a v2 suite's results folder)")
+    saved = load_config(path)
+    changes = config_changes(saved, _with(base, seed_overrides(root, saved.seed)))
+    if changes:
+        raise ConfigError(f"--carry {carry}: made with another config ({'; '.join(changes)})")
+
+
 def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str], seeds: tuple[int, ...],
-                 config: Path = V2_BASE_CONFIG, adopt: dict[int, Path] | None = None) -> Path:
+                 config: Path = V2_BASE_CONFIG, adopt: dict[int, Path] | None = None,
+                 carry: Path | None = None) -> Path:
     from shop_r1.distributed.runtime import start_ray
 
     base = v2_base_config(config, overrides)  # read once: editing the file mid-run changes nothing here
@@ -431,6 +445,10 @@ def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str]
     suite = v2_suite(name, base)
     for note in suite.notes:
         print(f"  note: {note}", flush=True)
+    if carry is not None:
+        check_carry(carry, base, root)
+        kept = sorted(set(carried_seeds(carry, name, exclude=seeds)))
+        print(f"  carried from {carry}: seed(s) {', '.join(map(str, kept)) or 'none'}", flush=True)
     workspaces = [open_seed_workspace(base, root, k) for k in seeds]
     for k, ws in zip(seeds, workspaces):
         if adopt and k in adopt:
@@ -443,7 +461,7 @@ def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str]
             _run_rows(f"{name} seed {k}", suite.rows, ws, runtime.local_mode)
     finally:
         runtime.shutdown()
-    return summarize_seeds(name, suite, {k: ws.root for k, ws in zip(seeds, workspaces)}, results_root)
+    return summarize_seeds(name, suite, {k: ws.root for k, ws in zip(seeds, workspaces)}, results_root, carry)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -457,6 +475,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adopt", nargs="+", default=[], metavar="SEED=RUN_DIR",
                    help="v2 suites: take seed SEED's data, model, SFT and Shop-R1 stages from a finished main-job "
                         "run of the same config (`bash scripts/run_main.sh seed=K data.synth_seed=K`)")
+    p.add_argument("--carry", default=None, metavar="RESULTS_DIR",
+                   help="v2 suites: the seeds of an earlier summary of this suite (RESULTS_DIR/results.json and "
+                        "predictions/) join the table, re-read from their committed predictions; it must have been "
+                        "made with the same config. A seed also given by --seeds is run here instead")
     p.add_argument("overrides", nargs="*", help="dotted config overrides on top of the suite's base config")
     return p
 
@@ -467,10 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite in V2_SUITES:
         seeds = tuple(args.seeds if args.seeds is not None else V2_SEEDS)
         out = run_v2_suite(args.suite, Path(args.root), Path(args.results), args.overrides, seeds, Path(args.config),
-                           parse_adopt(args.adopt, seeds))
+                           parse_adopt(args.adopt, seeds), Path(args.carry) if args.carry else None)
     else:
-        if args.seeds is not None or args.config != str(V2_BASE_CONFIG) or args.adopt:
-            p.error("--seeds, --config and --adopt are for the v2 suites; the others run "
+        if args.seeds is not None or args.config != str(V2_BASE_CONFIG) or args.adopt or args.carry:
+            p.error("--seeds, --config, --adopt and --carry are for the v2 suites; the others run "
                     "experiments/configs/base.yaml")
         out = run_suite(args.suite, Path(args.root), Path(args.results), args.overrides)
     print(f"results: {out}", flush=True)

@@ -41,7 +41,7 @@ from shop_r1.comparison import (  # noqa: E402
     plot_exact_vs_terminate,
     plot_points,
 )
-from shop_r1.metrics import load_predictions, write_predictions  # noqa: E402
+from shop_r1.metrics import compute_metrics, load_predictions, write_predictions  # noqa: E402
 
 
 def _machine() -> dict:
@@ -503,34 +503,83 @@ def _seed_record(ws: Path, rows: list, c: Comparison | None) -> dict[str, Any]:
             "data": {k: stats.get(k) for k in ("rl_train", "rl_test", "num_rl_val", "num_rl_test_over_budget")}}
 
 
-def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path], results_root: Path) -> Path:
+def carried_seeds(results_dir: Path, suite_name: str, exclude: Sequence[int] = ()) -> dict[int, tuple[list[Setting],
+                                                                                                   dict[str, Any]]]:
+    """The seeds of an earlier summary of this suite (`results_dir`: its results.json and predictions/<seed>/), so a
+    table can grow by seeds run on other machines or sessions: per seed not in `exclude` that has a table, its rows'
+    settings (models and baselines) rebuilt from the committed predictions, and its record. Each row's exact match
+    recomputed from the predictions must equal the stored one; a missing or altered file is an error naming it."""
+    path = results_dir / "results.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no results.json to carry seeds from")
+    saved = json.loads(path.read_text())
+    if saved.get("suite") != suite_name:
+        raise ValueError(f"{path}: a {saved.get('suite')!r} table, not {suite_name!r}")
+    out: dict[int, tuple[list[Setting], dict[str, Any]]] = {}
+    for key, rec in (saved.get("per_seed") or {}).items():
+        k = int(key)
+        if k in exclude or not rec.get("comparison"):
+            continue
+        settings = []
+        for row in rec["comparison"]["rows"]:
+            pred = results_dir / "predictions" / key / f"{row['name']}.jsonl.gz"
+            if not pred.exists():
+                raise FileNotFoundError(f"{pred}: seed {k}'s row {row['label']!r} has no predictions to carry")
+            settings.append(Setting(row["label"], row["kind"], load_predictions(pred), row.get("reward_total"),
+                                    row.get("note", ""), row["name"]))
+            recomputed = compute_metrics(settings[-1].predictions.responses, settings[-1].predictions.targets)
+            if abs(recomputed.exact_match - row["metrics"]["exact_match"]) > 1e-12:
+                raise ValueError(f"{pred}: exact match {recomputed.exact_match:.6f} from the predictions, "
+                                 f"{row['metrics']['exact_match']:.6f} in {path} (seed {k}, {row['label']!r})")
+        out[k] = (settings, rec)
+    return out
+
+
+def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path], results_root: Path,
+                    carry_from: Path | None = None) -> Path:
     """A v2 suite over its seed workspaces: each seed's own comparison (models and baselines, intervals, paired
     differences), the mean ± SD over seeds, the per-seed paired table with the oracle ceiling, predictions/<seed>/,
-    and the plots (exact vs terminate over every seed's rows; per seed the GRPO runs' reward, mix and validation)."""
+    and the plots (exact vs terminate over every seed's rows; per seed the GRPO runs' reward, mix and validation).
+    With `carry_from` (an earlier summary of this suite) its other seeds join the table from their committed
+    predictions and records (`carried_seeds`), their per-seed plots copied."""
     from shop_r1.config import load_config
 
     out = results_root / _machine_name() / suite_name
     out.mkdir(parents=True, exist_ok=True)
     rows = list(suite.rows)
+    carried = carried_seeds(carry_from, suite_name, exclude=tuple(workspaces)) if carry_from is not None else {}
     comparisons: dict[int, Comparison] = {}
     continued: dict[int, dict[str, float] | None] = {}
     variants: dict[int, dict[str, dict[str, float]]] = {}
     per_seed: dict[int, dict[str, Any]] = {}
     plots: list[str] = []
-    for k, ws in workspaces.items():
-        settings = _settings(ws, rows)
+    for k in sorted({*workspaces, *carried}):
+        if k in carried:
+            settings, rec = carried[k]
+        else:
+            settings = _settings(workspaces[k], rows)
         c = compare(settings, reference="SFT") if settings else None
-        per_seed[k] = _seed_record(ws, rows, c)
+        if k in carried:
+            per_seed[k] = {**rec, "comparison": c.to_dict(), "carried_from": str(carry_from)}
+            for png in sorted(carry_from.glob(f"*_seed{k}.png")):
+                if png.resolve() != (out / png.name).resolve():
+                    shutil.copy(png, out / png.name)
+                plots.append(png.name)
+        else:
+            per_seed[k] = _seed_record(workspaces[k], rows, c)
+            if c is not None:
+                plots += _plots(workspaces[k], rows, out, suffix=f"_seed{k}")
         if c is not None:
             comparisons[k] = c
             continued[k] = shop_r1_minus_continued(settings)
             variants[k] = minus_shop_r1(settings, rows)
             _write_predictions(settings, out / "predictions" / str(k))
-            plots += _plots(ws, rows, out, suffix=f"_seed{k}")
     agg = aggregate(comparisons)
     pairs = {k: {**paired(c), "shop_r1_minus_sft_continued": continued[k]} for k, c in comparisons.items()}
-    oracles = {k: per_seed[k]["oracle_exact"] for k in workspaces}
+    oracles = {k: per_seed[k]["oracle_exact"] for k in per_seed}
     configs = [ws / "config.yaml" for ws in workspaces.values() if (ws / "config.yaml").exists()]
+    if carried and (carry_from / "config.yaml").exists():
+        configs.append(carry_from / "config.yaml")
     versions = sorted({load_config(c).data.synth_version for c in configs})
     if configs:
         shutil.copy(configs[0], out / "config.yaml")
@@ -539,15 +588,18 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     points = [p for k, c in comparisons.items() for p in plot_points(f"seed {k}", c)]
     if (p := plot_exact_vs_terminate(points, out / "exact_vs_terminate.png")) is not None:
         plots.insert(0, p.name)
-    payload = {"suite": suite_name, "machine": _machine_note(), "seeds": list(workspaces),
+    payload = {"suite": suite_name, "machine": _machine_note(), "seeds": list(per_seed),
+               "carried": {str(k): str(carry_from) for k in carried},
                "rows": {r.name: r.label for r in rows}, "notes": list(suite.notes), "aggregate": agg,
                "paired": pairs, "minus_shop_r1": variants, "oracle_exact": oracles, "per_seed": per_seed}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
     md = [f"# {suite_name} on {_machine_note()}", "",
           *([f"Synthetic shop version {', '.join(map(str, versions))} (`data.synth_version`"
              f"{'; the seeds differ' if len(versions) > 1 else ''}).", ""] if versions else []),
-          f"Seeds {', '.join(map(str, workspaces))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
-          "SFT and RL). Test split per seed: " + "; ".join(
+          f"Seeds {', '.join(map(str, per_seed))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
+          "SFT and RL)" + (f"; seed{'s' if len(carried) > 1 else ''} {', '.join(map(str, sorted(carried)))} carried "
+                           "from an earlier run of this suite (its committed predictions re-read)" if carried else "")
+          + ". Test split per seed: " + "; ".join(
               f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "
           "Mean ± SD over the seeds (SD with n - 1); baselines (in italics) are fitted on each seed's training "
           "split and scored on its test split; 'vs' columns: paired differences in exact match, points.", "",
@@ -597,13 +649,15 @@ if __name__ == "__main__":
     parser.add_argument("--results", default=str(ROOT / "experiments" / "results"))
     parser.add_argument("--seeds", type=int, nargs="+", default=list(V2_SEEDS), help="v2 suites: the seeds to read")
     parser.add_argument("--plot-all", action="store_true", help="plot every row of every table of this machine")
+    parser.add_argument("--carry", default=None, help="v2 suites: an earlier summary whose other seeds join the table")
     args = parser.parse_args()
     if args.suite in V2_SUITES:
         wss = {k: seed_workspace(Path(args.root), k) for k in args.seeds}
         made = [w / "config.yaml" for w in wss.values() if (w / "config.yaml").exists()]
         if not made:
             parser.error(f"no v2 workspace under {args.root}/v2 for seeds {args.seeds}")
-        print(summarize_seeds(args.suite, v2_suite(args.suite, load_config(made[0])), wss, Path(args.results)))
+        print(summarize_seeds(args.suite, v2_suite(args.suite, load_config(made[0])), wss, Path(args.results),
+                              Path(args.carry) if args.carry else None))
     elif args.suite:
         s = SUITES[args.suite]
         print(summarize(args.suite, s, Path(args.root) / s.workspace if s.workspace else Path(args.root),

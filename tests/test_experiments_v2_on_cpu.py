@@ -403,3 +403,60 @@ def test_oracle_ceiling_of_a_profiled_workspace(tmp_path):
     assert summarize.oracle(ws) == oracle_exact(load_rl_examples(ws / "data" / "rl_test.jsonl")) == 1.0
     save_config(load_config(None, ["data.synth_version=2", "data.persona=false"]), ws / "config.yaml")
     assert summarize.oracle(ws) is None
+
+
+def test_a_table_grows_by_seeds_carried_from_an_earlier_summary(tmp_path, monkeypatch):
+    """Seed 0 summarized on one machine, seed 1 run on another with --carry: the same table as both summarized
+    together (intervals included: the carried seed's comparison is recomputed from its committed predictions)."""
+    import gzip
+
+    monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
+    wss = _seed_workspaces(tmp_path)
+    both = summarize.summarize_seeds("v2_table2", SUITE, {0: wss[0], 1: wss[1]}, tmp_path / "both")
+    first = summarize.summarize_seeds("v2_table2", SUITE, {0: wss[0], 2: wss[2]}, tmp_path / "first")
+    (wss[0] / "rl").rename(tmp_path / "gone")  # the first machine's workspace is not here
+    grown = summarize.summarize_seeds("v2_table2", SUITE, {1: wss[1]}, tmp_path / "grown", carry_from=first)
+    a, b = json.loads((both / "results.json").read_text()), json.loads((grown / "results.json").read_text())
+    assert b["seeds"] == [0, 1] and b["carried"] == {"0": str(first)}
+    assert b["aggregate"] == a["aggregate"] and b["paired"] == a["paired"] and b["minus_shop_r1"] == a["minus_shop_r1"]
+    assert b["per_seed"]["0"]["comparison"] == a["per_seed"]["0"]["comparison"]
+    assert b["per_seed"]["0"]["stage_seconds"] == {"sft": 832.0, "rl/shop_r1": 134.0}
+    assert "2" not in b["per_seed"]  # seed 2 had no table to carry
+    assert (grown / "reward_seed0.png").read_bytes() == (first / "reward_seed0.png").read_bytes()
+    for name in ("sft", "shop_r1", "visible_rule"):
+        assert gzip.decompress((grown / "predictions" / "0" / f"{name}.jsonl.gz").read_bytes()) == \
+            gzip.decompress((first / "predictions" / "0" / f"{name}.jsonl.gz").read_bytes())
+    table = (grown / "table.md").read_text()
+    assert "seed 0 carried from an earlier run" in table and "## Seed 0" in table and "## Seed 1" in table
+    # A seed run here replaces the carried one; another suite's table, or altered / missing predictions, are refused.
+    assert summarize.carried_seeds(first, "v2_table2", exclude=(0,)) == {}
+    with pytest.raises(ValueError, match="a 'v2_table2' table, not 'v2_table4'"):
+        summarize.carried_seeds(first, "v2_table4")
+    sft = first / "predictions" / "0" / "sft.jsonl.gz"
+    lines = gzip.decompress(sft.read_bytes()).decode().splitlines(keepends=True)
+    flipped = json.loads(lines[0])
+    flipped["response"] = json.dumps({"rationale": "r", "action": {"type": "terminate"}}) \
+        if flipped["target"]["type"] != "terminate" else json.dumps({"rationale": "r", "action": {"type": "click",
+                                                                                                     "name": "x"}})
+    sft.write_bytes(gzip.compress("".join([json.dumps(flipped) + "\n", *lines[1:]]).encode()))
+    with pytest.raises(ValueError, match=r"sft\.jsonl\.gz: exact match .* from the predictions"):
+        summarize.carried_seeds(first, "v2_table2")
+    sft.unlink()
+    with pytest.raises(FileNotFoundError, match=r"sft\.jsonl\.gz: seed 0's row 'SFT' has no predictions"):
+        summarize.carried_seeds(first, "v2_table2")
+
+
+def test_carry_refuses_a_table_made_with_another_config(tmp_path):
+    base = _base(f"run_dir={tmp_path / 'scratch'}")
+    results = tmp_path / "results"
+    results.mkdir()
+    with pytest.raises(ConfigError, match="no config.yaml there"):
+        run.check_carry(results, base, tmp_path)
+    save_config(run._with(base, run.seed_overrides(tmp_path / "elsewhere", 7)), results / "config.yaml")
+    run.check_carry(results, base, tmp_path)  # its own seed and workspace: the same experiment
+    with pytest.raises(ConfigError, match=r"made with another config \(rl\.steps: 500 -> 7\)"):
+        run.check_carry(results, _base(f"run_dir={tmp_path / 'scratch'}", "rl.steps=7"), tmp_path)
+    args = run.parser().parse_intermixed_args(["v2_table4", "--seeds", "137", "--carry", str(results)])
+    assert (args.seeds, args.carry) == ([137], str(results))
+    with pytest.raises(SystemExit):
+        run.main(["table4", "--carry", str(results)])  # the paper-setting suites have one workspace, no seeds
