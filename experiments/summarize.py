@@ -73,8 +73,15 @@ def _settings(ws: Path, rows: list) -> list[Setting]:
     return settings
 
 
-def _row_result(ws: Path, row: Row, c: Comparison) -> dict[str, Any]:
-    """results.json's entry of one row (the keys of the earlier tables kept: metrics, intervals, minus_sft)."""
+def _rl_done(ws: Path, row: Row) -> dict[str, Any] | None:
+    """The GRPO run's done.json of a row (steps, rewards, seconds), None for a row without one."""
+    done = ws / "rl" / row.name / "done.json"
+    return json.loads(done.read_text()) if done.exists() else None
+
+
+def _row_result(row: Row, c: Comparison, rl: dict[str, Any] | None) -> dict[str, Any]:
+    """results.json's entry of one row (the keys of the earlier tables kept: metrics, intervals, minus_sft), with its
+    GRPO run's `rl` record where it has one."""
     r = c.row(row.label)
     out: dict[str, Any] = {"metrics": r.metrics.to_dict(),
                            "intervals": {k: v.to_dict() for k, v in r.intervals.items()}}
@@ -83,9 +90,8 @@ def _row_result(ws: Path, row: Row, c: Comparison) -> dict[str, Any]:
     if r.vs_best_baseline is not None:
         out["minus_best_baseline"] = {k: v.to_dict() for k, v in r.vs_best_baseline.items()}
         out["best_baseline"] = c.best_baseline
-    done = ws / "rl" / row.name / "done.json"
-    if done.exists():
-        out["rl"] = json.loads(done.read_text())
+    if rl is not None:
+        out["rl"] = rl
     return out
 
 
@@ -238,7 +244,8 @@ def summarize(suite_name: str, suite: Suite, ws: Path, results_root: Path) -> Pa
     rows = [Row(ALIASES.get(r.name, r.name), r.label, r.rl_overrides, r.model) for r in suite.rows]
     settings = _settings(ws, rows)
     c = compare(settings, reference="SFT") if settings else None
-    results = {r.name: _row_result(ws, r, c) for r in rows if c is not None and r.label in {x.label for x in c.rows}}
+    results = {r.name: _row_result(r, c, _rl_done(ws, r)) for r in rows
+               if c is not None and r.label in {x.label for x in c.rows}}
     stats = json.loads((ws / "data" / "stats.json").read_text()) if (ws / "data" / "stats.json").exists() else {}
     times = json.loads((ws / "stage_seconds.json").read_text()) if (ws / "stage_seconds.json").exists() else {}
     config = (ws / "config.yaml").read_text() if (ws / "config.yaml").exists() else ""
@@ -495,7 +502,8 @@ def _seed_record(ws: Path, rows: list, c: Comparison | None) -> dict[str, Any]:
     cont = ws / "sft_continued" / "hf" / "done.json"
     done = {x.label for x in c.rows} if c is not None else set()
     return {"workspace": str(ws), "comparison": c.to_dict() if c is not None else None,
-            "results": {r.name: _row_result(ws, r, c) for r in rows if c is not None and r.label in done},
+            "results": {r.name: _row_result(r, c, _rl_done(ws, r)) for r in rows
+                        if c is not None and r.label in done},
             "not_run": [r.label for r in rows if r.label not in done], "oracle_exact": oracle(ws),
             "stage_seconds": json.loads((ws / "stage_seconds.json").read_text())
             if (ws / "stage_seconds.json").exists() else {},
@@ -503,18 +511,20 @@ def _seed_record(ws: Path, rows: list, c: Comparison | None) -> dict[str, Any]:
             "data": {k: stats.get(k) for k in ("rl_train", "rl_test", "num_rl_val", "num_rl_test_over_budget")}}
 
 
-def carried_seeds(results_dir: Path, suite_name: str, exclude: Sequence[int] = ()) -> dict[int, tuple[list[Setting],
-                                                                                                   dict[str, Any]]]:
+def carried_seeds(results_dir: Path, suite_name: str, rows: Sequence[Row],
+                  exclude: Sequence[int] = ()) -> dict[int, tuple[list[Setting], dict[str, Any]]]:
     """The seeds of an earlier summary of this suite (`results_dir`: its results.json and predictions/<seed>/), so a
     table can grow by seeds run on other machines or sessions: per seed not in `exclude` that has a table, its rows'
-    settings (models and baselines) rebuilt from the committed predictions, and its record. Each row's exact match
-    recomputed from the predictions must equal the stored one; a missing or altered file is an error naming it."""
+    settings (models and baselines) rebuilt from the committed predictions, and its record (with the machine it ran
+    on). Refused, naming the file: another suite's table, a model row the suite's `rows` do not hold under that name
+    and label, a missing predictions file, or metrics recomputed from a file that differ from the record's."""
     path = results_dir / "results.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no results.json to carry seeds from")
     saved = json.loads(path.read_text())
     if saved.get("suite") != suite_name:
         raise ValueError(f"{path}: a {saved.get('suite')!r} table, not {suite_name!r}")
+    labels = {r.name: r.label for r in rows}
     out: dict[int, tuple[list[Setting], dict[str, Any]]] = {}
     for key, rec in (saved.get("per_seed") or {}).items():
         k = int(key)
@@ -522,17 +532,33 @@ def carried_seeds(results_dir: Path, suite_name: str, exclude: Sequence[int] = (
             continue
         settings = []
         for row in rec["comparison"]["rows"]:
+            if row["kind"] == "model" and labels.get(row["name"]) != row["label"]:
+                raise ValueError(f"{path}: seed {k}'s row {row['name']!r} ({row['label']!r}) is not a row of "
+                                 f"{suite_name} as defined now ({labels})")
             pred = results_dir / "predictions" / key / f"{row['name']}.jsonl.gz"
             if not pred.exists():
                 raise FileNotFoundError(f"{pred}: seed {k}'s row {row['label']!r} has no predictions to carry")
             settings.append(Setting(row["label"], row["kind"], load_predictions(pred), row.get("reward_total"),
                                     row.get("note", ""), row["name"]))
-            recomputed = compute_metrics(settings[-1].predictions.responses, settings[-1].predictions.targets)
-            if abs(recomputed.exact_match - row["metrics"]["exact_match"]) > 1e-12:
-                raise ValueError(f"{pred}: exact match {recomputed.exact_match:.6f} from the predictions, "
-                                 f"{row['metrics']['exact_match']:.6f} in {path} (seed {k}, {row['label']!r})")
-        out[k] = (settings, rec)
+            recomputed = json.loads(json.dumps(compute_metrics(settings[-1].predictions.responses,
+                                                               settings[-1].predictions.targets).to_dict()))
+            if recomputed != row["metrics"]:
+                diff = sorted(m for m in {*recomputed, *row["metrics"]} if recomputed.get(m) != row["metrics"].get(m))
+                raise ValueError(f"{pred}: metrics recomputed from the predictions differ from {path} (seed {k}, "
+                                 f"{row['label']!r}: {', '.join(diff)})")
+        out[k] = (settings, {**rec, "machine": rec.get("machine") or saved.get("machine"),
+                             "carried_from": rec.get("carried_from") or str(results_dir)})
     return out
+
+
+def _carried_record(rec: dict[str, Any], rows: list, c: Comparison) -> dict[str, Any]:
+    """A carried seed's record with its comparison, row results and unrun rows taken from the comparison made now
+    (only each GRPO run's `rl` entry kept from the record: its workspace is elsewhere)."""
+    done = {x.label for x in c.rows}
+    old = rec.get("results") or {}
+    results = {r.name: _row_result(r, c, old.get(r.name, {}).get("rl")) for r in rows if r.label in done}
+    return {**rec, "comparison": c.to_dict(), "results": results,
+            "not_run": [r.label for r in rows if r.label not in done]}
 
 
 def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path], results_root: Path,
@@ -547,20 +573,21 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     out = results_root / _machine_name() / suite_name
     out.mkdir(parents=True, exist_ok=True)
     rows = list(suite.rows)
-    carried = carried_seeds(carry_from, suite_name, exclude=tuple(workspaces)) if carry_from is not None else {}
+    live = {k: _settings(ws, rows) for k, ws in workspaces.items()}
+    # A seed whose workspace here has a table is summarized from it; one without (not started, or not on this
+    # machine) is carried when the earlier summary has it.
+    carried = carried_seeds(carry_from, suite_name, rows, exclude=[k for k, st in live.items() if st]) \
+        if carry_from is not None else {}
     comparisons: dict[int, Comparison] = {}
     continued: dict[int, dict[str, float] | None] = {}
     variants: dict[int, dict[str, dict[str, float]]] = {}
     per_seed: dict[int, dict[str, Any]] = {}
     plots: list[str] = []
     for k in sorted({*workspaces, *carried}):
-        if k in carried:
-            settings, rec = carried[k]
-        else:
-            settings = _settings(workspaces[k], rows)
+        settings = carried[k][0] if k in carried else live[k]
         c = compare(settings, reference="SFT") if settings else None
         if k in carried:
-            per_seed[k] = {**rec, "comparison": c.to_dict(), "carried_from": str(carry_from)}
+            per_seed[k] = _carried_record(carried[k][1], rows, c)
             for png in sorted(carry_from.glob(f"*_seed{k}.png")):
                 if png.resolve() != (out / png.name).resolve():
                     shutil.copy(png, out / png.name)
@@ -582,7 +609,8 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
         configs.append(carry_from / "config.yaml")
     versions = sorted({load_config(c).data.synth_version for c in configs})
     if configs:
-        shutil.copy(configs[0], out / "config.yaml")
+        if configs[0].resolve() != (out / "config.yaml").resolve():
+            shutil.copy(configs[0], out / "config.yaml")
         if suite_name == "v2_fig2":
             plots += _temperature_plot_seeds(rows, agg, load_config(configs[0]).rollout.temperature, out)
     points = [p for k, c in comparisons.items() for p in plot_points(f"seed {k}", c)]
@@ -597,8 +625,10 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
           *([f"Synthetic shop version {', '.join(map(str, versions))} (`data.synth_version`"
              f"{'; the seeds differ' if len(versions) > 1 else ''}).", ""] if versions else []),
           f"Seeds {', '.join(map(str, per_seed))}: each its own workspace (`seed=k data.synth_seed=k`: data, model, "
-          "SFT and RL)" + (f"; seed{'s' if len(carried) > 1 else ''} {', '.join(map(str, sorted(carried)))} carried "
-                           "from an earlier run of this suite (its committed predictions re-read)" if carried else "")
+          "SFT and RL)" + "".join(
+              f"; seed {k} carried from an earlier run of this suite (its committed predictions re-read"
+              + (f"; it ran on {per_seed[k]['machine']}" if per_seed[k].get("machine") != _machine_note() else "")
+              + ")" for k in sorted(carried))
           + ". Test split per seed: " + "; ".join(
               f"s{k} n={c.n} ({c.num_sessions} sessions)" for k, c in comparisons.items()) + ". Greedy decoding. "
           "Mean ± SD over the seeds (SD with n - 1); baselines (in italics) are fitted on each seed's training "
@@ -656,8 +686,13 @@ if __name__ == "__main__":
         made = [w / "config.yaml" for w in wss.values() if (w / "config.yaml").exists()]
         if not made:
             parser.error(f"no v2 workspace under {args.root}/v2 for seeds {args.seeds}")
-        print(summarize_seeds(args.suite, v2_suite(args.suite, load_config(made[0])), wss, Path(args.results),
-                              Path(args.carry) if args.carry else None))
+        carry = Path(args.carry) if args.carry else None
+        if carry is not None:  # the seeds not made here are the carried table's, not "not run yet"
+            from experiments.run import check_carry
+
+            check_carry(carry, load_config(made[0]), Path(args.root))
+            wss = {k: w for k, w in wss.items() if (w / "config.yaml").exists()}
+        print(summarize_seeds(args.suite, v2_suite(args.suite, load_config(made[0])), wss, Path(args.results), carry))
     elif args.suite:
         s = SUITES[args.suite]
         print(summarize(args.suite, s, Path(args.root) / s.workspace if s.workspace else Path(args.root),

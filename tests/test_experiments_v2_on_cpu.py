@@ -415,35 +415,59 @@ def test_a_table_grows_by_seeds_carried_from_an_earlier_summary(tmp_path, monkey
     both = summarize.summarize_seeds("v2_table2", SUITE, {0: wss[0], 1: wss[1]}, tmp_path / "both")
     first = summarize.summarize_seeds("v2_table2", SUITE, {0: wss[0], 2: wss[2]}, tmp_path / "first")
     (wss[0] / "rl").rename(tmp_path / "gone")  # the first machine's workspace is not here
-    grown = summarize.summarize_seeds("v2_table2", SUITE, {1: wss[1]}, tmp_path / "grown", carry_from=first)
+    (wss[0] / "eval").rename(tmp_path / "gone_eval")
+    saved = json.loads((first / "results.json").read_text())
+    saved["per_seed"]["0"]["results"]["shop_r1"]["rl"] = {"steps": 7}  # the GRPO run's record travels
+    saved["per_seed"]["0"]["results"]["sft"]["intervals"] = "stale"  # the rest is made again
+    saved["machine"] = "a 2-core machine elsewhere"
+    (first / "results.json").write_text(json.dumps(saved))
+    # Seed 0's workspace here has no table (and seed 1 no carried one): seed 0 comes from the earlier summary.
+    grown = summarize.summarize_seeds("v2_table2", SUITE, {0: wss[0], 1: wss[1]}, tmp_path / "grown",
+                                      carry_from=first)
     a, b = json.loads((both / "results.json").read_text()), json.loads((grown / "results.json").read_text())
     assert b["seeds"] == [0, 1] and b["carried"] == {"0": str(first)}
     assert b["aggregate"] == a["aggregate"] and b["paired"] == a["paired"] and b["minus_shop_r1"] == a["minus_shop_r1"]
-    assert b["per_seed"]["0"]["comparison"] == a["per_seed"]["0"]["comparison"]
-    assert b["per_seed"]["0"]["stage_seconds"] == {"sft": 832.0, "rl/shop_r1": 134.0}
+    rec = b["per_seed"]["0"]
+    assert rec["comparison"] == a["per_seed"]["0"]["comparison"] and rec["not_run"] == []
+    assert rec["results"]["sft"] == a["per_seed"]["0"]["results"]["sft"]
+    assert rec["results"]["shop_r1"]["rl"] == {"steps": 7}
+    assert rec["stage_seconds"] == {"sft": 832.0, "rl/shop_r1": 134.0}
+    assert (rec["machine"], rec["carried_from"]) == ("a 2-core machine elsewhere", str(first))
     assert "2" not in b["per_seed"]  # seed 2 had no table to carry
     assert (grown / "reward_seed0.png").read_bytes() == (first / "reward_seed0.png").read_bytes()
     for name in ("sft", "shop_r1", "visible_rule"):
         assert gzip.decompress((grown / "predictions" / "0" / f"{name}.jsonl.gz").read_bytes()) == \
             gzip.decompress((first / "predictions" / "0" / f"{name}.jsonl.gz").read_bytes())
     table = (grown / "table.md").read_text()
-    assert "seed 0 carried from an earlier run" in table and "## Seed 0" in table and "## Seed 1" in table
-    # A seed run here replaces the carried one; another suite's table, or altered / missing predictions, are refused.
-    assert summarize.carried_seeds(first, "v2_table2", exclude=(0,)) == {}
+    assert "seed 0 carried from an earlier run of this suite (its committed predictions re-read; it ran on a " \
+           "2-core machine elsewhere)" in table and "## Seed 0" in table and "## Seed 1" in table
+    # Carried again into its own folder: the same table, the first machine and folder kept.
+    again = summarize.summarize_seeds("v2_table2", SUITE, {1: wss[1]}, tmp_path / "grown", carry_from=grown)
+    c = json.loads((again / "results.json").read_text())
+    assert c["aggregate"] == a["aggregate"] and c["per_seed"]["0"]["carried_from"] == str(first)
+    # A seed with a table here replaces the carried one; another suite's table, a row the suite does not define,
+    # and altered or missing predictions are refused, naming the file.
+    assert summarize.carried_seeds(first, "v2_table2", SUITE.rows, exclude=(0,)) == {}
     with pytest.raises(ValueError, match="a 'v2_table2' table, not 'v2_table4'"):
-        summarize.carried_seeds(first, "v2_table4")
+        summarize.carried_seeds(first, "v2_table4", SUITE.rows)
+    renamed = tuple(suites.Row(r.name, "Shop-R1 (other)", r.rl_overrides) if r.name == "shop_r1" else r
+                    for r in SUITE.rows)
+    with pytest.raises(ValueError, match="row 'shop_r1' .* is not a row of v2_table2 as defined now"):
+        summarize.carried_seeds(first, "v2_table2", renamed)
     sft = first / "predictions" / "0" / "sft.jsonl.gz"
     lines = gzip.decompress(sft.read_bytes()).decode().splitlines(keepends=True)
-    flipped = json.loads(lines[0])
-    flipped["response"] = json.dumps({"rationale": "r", "action": {"type": "terminate"}}) \
-        if flipped["target"]["type"] != "terminate" else json.dumps({"rationale": "r", "action": {"type": "click",
-                                                                                                     "name": "x"}})
-    sft.write_bytes(gzip.compress("".join([json.dumps(flipped) + "\n", *lines[1:]]).encode()))
-    with pytest.raises(ValueError, match=r"sft\.jsonl\.gz: exact match .* from the predictions"):
-        summarize.carried_seeds(first, "v2_table2")
+    wrong = [json.loads(line) for line in lines]
+    # One answer changed to another type, right or wrong alike (kappa and the mix move even if exact would not).
+    wrong[0]["response"] = json.dumps({"rationale": "r", "action": {"type": "terminate"}}) \
+        if json.loads(wrong[0]["response"])["action"]["type"] != "terminate" else \
+        json.dumps({"rationale": "r", "action": {"type": "click", "name": "x"}})
+    sft.write_bytes(gzip.compress("".join(json.dumps(w) + "\n" for w in wrong).encode()))
+    with pytest.raises(ValueError, match=r"sft\.jsonl\.gz: metrics recomputed from the predictions differ .*"
+                                         r"predicted_mix"):
+        summarize.carried_seeds(first, "v2_table2", SUITE.rows)
     sft.unlink()
     with pytest.raises(FileNotFoundError, match=r"sft\.jsonl\.gz: seed 0's row 'SFT' has no predictions"):
-        summarize.carried_seeds(first, "v2_table2")
+        summarize.carried_seeds(first, "v2_table2", SUITE.rows)
 
 
 def test_carry_refuses_a_table_made_with_another_config(tmp_path):
