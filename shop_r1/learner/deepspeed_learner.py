@@ -61,7 +61,8 @@ def deepspeed_config(cfg: LearnerConfig, bf16: bool) -> dict[str, Any]:
 # calls, yet `init_distributed` loads it: a JIT build (~35 s of gcc the first time) and, on every later load, torch's
 # file lock `TORCH_EXTENSIONS_DIR/deepspeed_shm_comm/lock`. A process killed while it holds that lock (a learner
 # replaced mid-start, a run stopped by a time limit) leaves the file behind, and every later DeepSpeed start that
-# loads the op then waits on it forever, idle. So the learners never load it.
+# loads the op then waits on it forever, idle. So the learners never load it. (With oneccl_bindings_for_pytorch
+# installed DeepSpeed's CPU backend would be `ccl`, whose op loads the same way unguarded; it is not in the stack.)
 SHM_COMM_OP = "deepspeed_shm_comm"
 
 

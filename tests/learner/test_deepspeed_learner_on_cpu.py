@@ -135,8 +135,9 @@ def test_exact_self_certainty_from_learner_logits(trained):
 @pytest.mark.timeout(300)
 def test_a_stale_extension_lock_does_not_stall_a_learner_start(tiny_model_dir, tmp_path):
     """torch's JIT loader waits, forever, for `TORCH_EXTENSIONS_DIR/<op>/lock` to vanish; a process killed while it
-    held the lock leaves it behind. A learner never loads DeepSpeed's shm op, so it starts (and steps) beside a stale
-    lock, and nothing is built. In a fresh process: this one's DeepSpeed communication backend already exists."""
+    held the lock leaves it behind. A learner never loads DeepSpeed's shm op, so it starts beside a stale lock, and
+    nothing is built. In a fresh process: this one's DeepSpeed communication backend already exists. The op is
+    buildable here (checked), so without the switch the start would wait on the lock."""
     import os
     import subprocess
     import sys
@@ -149,6 +150,8 @@ def test_a_stale_extension_lock_does_not_stall_a_learner_start(tiny_model_dir, t
         "from shop_r1.learner.deepspeed_learner import DeepSpeedLearner\n"
         f"m = DeepSpeedLearner({str(tiny_model_dir)!r}, LearnerConfig(zero_stage=0), lr=1e-3, total_steps=1)\n"
         "print('started', m.device)\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "print('shm op buildable', get_accelerator().create_op_builder('ShareMemCommBuilder').is_compatible())\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     env.update(TORCH_EXTENSIONS_DIR=str(ext), DS_ACCELERATOR="cpu")
@@ -157,5 +160,5 @@ def test_a_stale_extension_lock_does_not_stall_a_learner_start(tiny_model_dir, t
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"the learner did not start within 240 s beside a stale lock in {ext}") from e
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "started cpu" in out.stdout
+    assert "started cpu" in out.stdout and "shm op buildable True" in out.stdout
     assert sorted(p.name for p in ext.rglob("*")) == ["deepspeed_shm_comm", "lock"]  # nothing built, lock untouched
