@@ -446,7 +446,7 @@ def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str]
     for note in suite.notes:
         print(f"  note: {note}", flush=True)
     if carry is not None:
-        check_carry(carry, base, root)
+        check_carry(carry, base, root)  # before any training: a table that cannot be carried fails now, not after
         kept = sorted(set(carried_seeds(carry, name, suite.rows, exclude=seeds)))
         print(f"  carried from {carry}: seed(s) {', '.join(map(str, kept)) or 'none'}", flush=True)
     workspaces = [open_seed_workspace(base, root, k) for k in seeds]

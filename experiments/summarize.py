@@ -617,7 +617,6 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
     if (p := plot_exact_vs_terminate(points, out / "exact_vs_terminate.png")) is not None:
         plots.insert(0, p.name)
     payload = {"suite": suite_name, "machine": _machine_note(), "seeds": list(per_seed),
-               "carried": {str(k): str(carry_from) for k in carried},
                "rows": {r.name: r.label for r in rows}, "notes": list(suite.notes), "aggregate": agg,
                "paired": pairs, "minus_shop_r1": variants, "oracle_exact": oracles, "per_seed": per_seed}
     (out / "results.json").write_text(json.dumps(payload, indent=2))
