@@ -80,8 +80,7 @@ def _run_sft_attempt(cfg: Config, model_path: str, tokenized: Any, pad: int, out
     print(f"SFT: {len(sequences)} conversations ({tokenized.num_dropped} dropped as too long), "
           f"{total_steps} steps ({num_epochs} epoch(s) of {steps_per_epoch}), {cfg.learner.num_ranks} rank(s)",
           flush=True)
-    print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s) (the first run on a machine builds "
-          "DeepSpeed's CPU communication op: about a minute)", flush=True)
+    print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s)", flush=True)
     group = LearnerGroup(model_path, cfg.learner, cfg.sft.lr, total_steps, cfg.seed, local=local,
                          warmup_steps=round(cfg.sft.warmup_ratio * total_steps), lr_schedule=cfg.sft.lr_schedule,
                          learner_cls=learner_cls)

@@ -57,8 +57,8 @@ CHECKPOINT_BYTES_PER_MODEL_BYTE = 8
 bytes per parameter, 7x the 2 bytes per parameter of the model's files (an fp32 model: 12 / 4 = 3x). Rounded up."""
 
 START_FIXED_S = 600.0
-"""An actor's start beside loading its weights: vLLM's profiling, compilation and CUDA graphs; DeepSpeed building
-its CPU communication op (about a minute the first time on a machine); imports on a busy node. The bound the sync
+"""An actor's start beside loading its weights: vLLM's profiling, compilation and CUDA graphs; DeepSpeed's start (its
+CPU communication op is no longer built: init_deepspeed_comm); imports on a busy node. The bound the sync
 group's rendezvous had before it was derived."""
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
