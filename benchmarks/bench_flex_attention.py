@@ -1,9 +1,11 @@
 """Shared-prompt attention in the learner's update: forward + backward time of one GRPO group (a P-token prompt, G
-completions of C tokens) three ways, over prompt lengths and group sizes:
+completions of C tokens) four ways, over prompt lengths and group sizes:
 
     unshared   the G rows as they are (each repeats the prompt): the model's own causal attention (SDPA, no 4D mask)
     dense      the prompt packed once with its completions (shop_r1/algo/shared_prompt.py), the [n, 1, W, W] mask
                through SDPA, which computes every (query, key) pair and masks it (learner.attention=dense)
+    split      the same packs, each as two SDPA calls: its prompt causally, its completions against prompt +
+               completions with a small mask, so no masked pair is computed (learner.attention=split; CPU and CUDA)
     flex       the same packs, the same mask as a FlexAttention BlockMask: blocks no query sees are skipped
                (learner.attention=flex; CUDA only, on CPU the column says so)
 
@@ -12,14 +14,15 @@ completion tokens only) and the backward of a weighted logprob sum over micro-ba
 learner.max_tokens_per_micro_batch as the learner fills them (`grpo_step.micro_batches`); no optimizer step, so every
 timed update sees the same weights. Sides alternate within each repeat (drift hits all alike), after one warm-up
 each (which compiles flex). Completions have equal lengths, so the unshared rows carry no padding: its strongest case.
-The model is built in code with random weights (`--shape`: qwen2.5-1.5b is Qwen2.5-1.5B's shape, 1.54B parameters);
-bf16 on CUDA, float32 on CPU. Also reported: tokens each side computes, peak GPU memory, and from the warm-up the
-largest |logprob| difference of flex and unshared from dense (bf16 rounding, not a correctness test: that is
+The model is built in code with random weights (`--shape`: qwen2.5-1.5b is Qwen2.5-1.5B's shape, 1.54B parameters;
+smollm2-6l is SmolLM2-135M's widths with 6 of its 30 layers, as a Qwen2, for CPU runs); bf16 on CUDA, float32 on
+CPU. Also reported: tokens and attention pairs each side computes, peak GPU memory, and from the warm-up the largest
+|logprob| difference of split, flex and unshared from dense (bf16 rounding, not a correctness test: that is
 tests/gpu/test_flex_shared_prompt_gpu.py in float32).
 
-Run: python benchmarks/bench_flex_attention.py [--shape qwen2.5-1.5b|tiny] [--prompt-lengths 512,1024,2048,4096]
-     [--group-sizes 4,8,16] [--completion-tokens 256] [--repeats 3] [--max-tokens-per-micro-batch 8192]
-     [--time-budget-s 0] [--json-out PATH]
+Run: python benchmarks/bench_flex_attention.py [--shape qwen2.5-1.5b|smollm2-6l|tiny]
+     [--prompt-lengths 512,1024,2048,4096] [--group-sizes 4,8,16] [--completion-tokens 256] [--repeats 3]
+     [--max-tokens-per-micro-batch 8192] [--sides unshared,dense,split,flex] [--time-budget-s 0] [--json-out PATH]
 The JSON is rewritten after every (P, G), so a run cut short keeps what it measured.
 """
 
@@ -39,9 +42,10 @@ from common import emit, machine, spread  # noqa: E402
 
 SHAPES = {  # (layers, hidden, intermediate, heads, kv heads, vocab)
     "tiny": (2, 64, 128, 2, 1, 512),
+    "smollm2-6l": (6, 576, 1536, 9, 3, 49152),  # SmolLM2-135M's widths, 6 of its 30 layers
     "qwen2.5-1.5b": (28, 1536, 8960, 12, 2, 151936),  # Qwen2.5-1.5B's shape (tied embeddings)
 }
-SIDES = ("unshared", "dense", "flex")
+SIDES = ("unshared", "dense", "split", "flex")
 
 
 def build_model(shape: str, device: str):
@@ -94,6 +98,30 @@ def computed_tokens(micro, shared: bool) -> int:
                                    prefix_lengths(mb.completion_mask, mb.attention_mask)).num_positions for mb in micro)
 
 
+def attention_pairs(micro, side: str) -> int:
+    """(query, key) pairs each side's attention computes, per head and layer: unshared rows causally (T(T+1)/2 a row),
+    dense every pair of its lines (W^2), split and flex the pairs the mask allows (p(p+1)/2 + C(p + C) a pack; flex
+    in fact whole 128-blocks, a little more)."""
+    from shop_r1.algo.shared_prompt import pack_shared_prompts, prefix_lengths
+    from shop_r1.learner.split_attention import SplitLayout
+
+    total = 0
+    for mb in micro:
+        if side == "unshared":
+            total += sum(n * (n + 1) // 2 for n in mb.attention_mask.sum(dim=1).tolist())
+            continue
+        packed = pack_shared_prompts(mb.input_ids, mb.attention_mask, prefix_lengths(mb.completion_mask,
+                                                                                     mb.attention_mask))
+        if side == "dense":
+            total += packed.num_positions * packed.segments.shape[1]
+            continue
+        for line in SplitLayout.of(packed, "cpu").lines:
+            for p in line:
+                c = p.end - p.start - p.prompt
+                total += p.prompt * (p.prompt + 1) // 2 + c * (p.prompt + c)
+    return total
+
+
 def update(model, forward, micro, device: str):
     """Forward + backward of sum_b adv_b * mean_t logprob[b, t] over the micro-batches; (seconds, logprobs)."""
     import torch
@@ -119,6 +147,7 @@ def main() -> None:
     parser.add_argument("--prompt-lengths", default="512,1024,2048,4096")
     parser.add_argument("--group-sizes", default="4,8,16")
     parser.add_argument("--completion-tokens", type=int, default=256)
+    parser.add_argument("--sides", default=",".join(SIDES), help="which of unshared,dense,split,flex to run")
     parser.add_argument("--repeats", type=int, default=3, help="timed updates per side (after one warm-up each)")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=8192)
     parser.add_argument("--time-budget-s", type=float, default=0.0,
@@ -135,13 +164,19 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     model = build_model(args.shape, device)
-    models = {"unshared": model, "dense": model, "flex": copy.deepcopy(model)}  # flex switches its own copy
-    forwards = {"unshared": Forward(dev), "dense": Forward(dev, True), "flex": Forward(dev, True, False, "flex")}
-    sides = SIDES if device == "cuda" else SIDES[:2]
+    wanted = [s for s in args.sides.split(",") if s]
+    if not wanted or set(wanted) - set(SIDES):
+        parser.error(f"--sides: a comma list of {','.join(SIDES)}, got {args.sides!r}")
+    sides = [s for s in SIDES if s in wanted and (device == "cuda" or s != "flex")]
+    models = {"unshared": model, "dense": model}  # split and flex switch the attention of their own copies
+    models.update({s: copy.deepcopy(model) for s in ("split", "flex") if s in sides})
+    forwards = {"unshared": Forward(dev), "dense": Forward(dev, True), "split": Forward(dev, True, False, "split"),
+                "flex": Forward(dev, True, False, "flex")}
     grid = [(p, g) for p in map(int, args.prompt_lengths.split(",")) for g in map(int, args.group_sizes.split(","))]
     result = {"benchmark": "flex_attention", "machine": machine(), "device": device, "settings": vars(args),
               "parameters": sum(p.numel() for p in model.parameters()), "sides": list(sides),
-              "skipped_sides": {} if device == "cuda" else {"flex": "learner.attention=flex needs CUDA"},
+              "skipped_sides": {} if device == "cuda" or "flex" not in wanted else
+              {"flex": "learner.attention=flex needs CUDA"},
               "results": [], "unfinished": []}
     for prompt_tokens, group_size in grid:
         if args.time_budget_s and time.perf_counter() - began > args.time_budget_s:
@@ -166,7 +201,8 @@ def main() -> None:
                 if s not in errors:
                     times[s].append(update(models[s], forwards[s], micro[s], device)[0])
         for s in sides:
-            row[s] = {"micro_batches": len(micro[s]), "computed_tokens": computed_tokens(micro[s], s != "unshared")}
+            row[s] = {"micro_batches": len(micro[s]), "computed_tokens": computed_tokens(micro[s], s != "unshared"),
+                      "attention_pairs": attention_pairs(micro[s], s)}
             if s in errors:
                 row[s]["error"] = errors[s]
                 continue
@@ -176,7 +212,8 @@ def main() -> None:
             if s != "dense" and "dense" in logprobs:
                 row[s]["max_abs_logprob_diff_vs_dense"] = float((logprobs[s] - logprobs["dense"]).abs().max())
         median = {s: row[s]["update_s"]["median"] for s in sides if "update_s" in row[s]}
-        for a, b in (("unshared", "dense"), ("unshared", "flex"), ("dense", "flex")):
+        for a, b in (("unshared", "dense"), ("unshared", "split"), ("unshared", "flex"), ("dense", "split"),
+                     ("dense", "flex")):
             if a in median and b in median:
                 row[f"{b}_speedup_over_{a}"] = round(median[a] / median[b], 3)
         result["results"].append(row)

@@ -83,12 +83,14 @@ class Forward:
     (shop_r1/algo/shared_prompt.py: the same outputs and gradients as the separate rows); with `pack` rows (or packs)
     are laid end to end instead of padded to the longest (shop_r1/algo/packing.py: the same outputs and gradients).
     `attention` (learner.attention) is how packed lines attend: `dense`, the [n, 1, W, W] mask through the model's
-    own attention (SDPA), or `flex`, the same mask as a block-sparse BlockMask through FlexAttention."""
+    own attention (SDPA); `split`, each pack's prompt causally and its completions against it, two SDPA calls that
+    compute no masked pair (shop_r1/learner/split_attention.py); or `flex`, the same mask as a block-sparse BlockMask
+    through FlexAttention (CUDA)."""
 
     device: torch.device
     shared_prompt: bool = False
     pack: bool = False
-    attention: Literal["dense", "flex"] = "dense"
+    attention: Literal["dense", "split", "flex"] = "dense"
     last_layer_at_targets: bool = False
     """learner.last_layer_at_targets: rows that run as they are (no shared prompt, `pack` off) run the last decoder
     layer's query, MLP and final norm only at the positions read (shop_r1/learner/target_states.py), where the
@@ -120,13 +122,20 @@ class Forward:
 
             packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
                                          self.pack) if shared else pack_rows(input_ids, attention_mask)
+            extra = {}
             if self.attention == "flex":
                 _flex_ready(model, dev)
                 mask = packed.block_mask(dev)
+            elif self.attention == "split":
+                from shop_r1.learner import split_attention
+
+                split_attention.ready(model)
+                layout = split_attention.SplitLayout.of(packed, dev)
+                mask, extra = packed.allowed.to(dev), {split_attention.NAME: layout}
             else:
                 mask = packed.additive_mask(model.dtype, dev)
             hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
-                                 attention_mask=mask).last_hidden_state
+                                 attention_mask=mask, **extra).last_hidden_state
             return Hidden(hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev))
         mask = None if right_padded(attention_mask) else attention_mask.to(dev)
         hidden = model.model(input_ids=input_ids.to(dev), attention_mask=mask).last_hidden_state

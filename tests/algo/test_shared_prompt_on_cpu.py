@@ -101,10 +101,11 @@ def _grouped_batch(seed: int, temperature: float = 0.6) -> GRPOBatch:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
-def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend):
+@pytest.mark.parametrize("backend, attention", [("deepspeed", "dense"), ("fsdp2", "dense"), ("deepspeed", "split")])
+def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend, attention):
     """Packed and separate forwards on the real learner: same logprobs at T = 0.6, same exact self-certainty, same
-    gradient of a weighted logprob sum (1e-5, fp32), and the same GRPO step statistics with KL to a reference."""
+    gradient of a weighted logprob sum (1e-5, fp32), and the same GRPO step statistics with KL to a reference; the
+    packed lines through the dense mask, or split into SDPA pieces (learner.attention=split: policy and reference)."""
     from torch.distributed.tensor import DTensor
 
     from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
@@ -113,7 +114,7 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend):
 
     batch = _grouped_batch(0)
     learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
-    learners = [learner_cls(str(tiny_model_dir), LearnerConfig(zero_stage=0, shared_prompt=shared,
+    learners = [learner_cls(str(tiny_model_dir), LearnerConfig(zero_stage=0, shared_prompt=shared, attention=attention,
                                                                max_tokens_per_micro_batch=64),
                             lr=1e-4, total_steps=2, reference_path=str(tiny_model_dir))
                 for shared in (True, False)]
@@ -141,3 +142,6 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend):
     assert stats[0].loss == pytest.approx(stats[1].loss, rel=1e-5, abs=1e-8)
     assert stats[0].grad_norm == pytest.approx(stats[1].grad_norm, rel=1e-5)
     assert stats[0].kl == pytest.approx(stats[1].kl, rel=1e-4, abs=1e-10)
+    if attention == "split":  # the packed learner's policy and reference really ran the split pieces
+        assert packed.policy.config._attn_implementation == "shop_r1_split"
+        assert packed.reference.config._attn_implementation == "shop_r1_split"
