@@ -15,14 +15,15 @@ learner.max_tokens_per_micro_batch as the learner fills them (`grpo_step.micro_b
 timed update sees the same weights. Sides alternate within each repeat (drift hits all alike), after one warm-up
 each (which compiles flex). Completions have equal lengths, so the unshared rows carry no padding: its strongest case.
 The model is built in code with random weights (`--shape`: qwen2.5-1.5b is Qwen2.5-1.5B's shape, 1.54B parameters;
-smollm2-6l is SmolLM2-135M's widths with 6 of its 30 layers, as a Qwen2, for CPU runs); bf16 on CUDA, float32 on
-CPU. Also reported: tokens and attention pairs each side computes, peak GPU memory, and from the warm-up the largest
-|logprob| difference of split, flex and unshared from dense (bf16 rounding, not a correctness test: that is
-tests/gpu/test_flex_shared_prompt_gpu.py in float32).
+smollm2 is SmolLM2-135M's shape and smollm2-6l its widths with 6 of its 30 layers, as a Qwen2, for CPU runs); bf16
+on CUDA, float32 on CPU. Also reported: tokens and attention pairs each side computes, peak GPU memory, and from the
+warm-up the largest |logprob| difference of split, flex and unshared from dense (bf16 rounding, not a correctness
+test: that is tests/gpu/test_flex_shared_prompt_gpu.py in float32).
 
 Run: python benchmarks/bench_flex_attention.py [--shape qwen2.5-1.5b|smollm2-6l|tiny]
      [--prompt-lengths 512,1024,2048,4096] [--group-sizes 4,8,16] [--completion-tokens 256] [--repeats 3]
-     [--max-tokens-per-micro-batch 8192] [--sides unshared,dense,split,flex] [--time-budget-s 0] [--json-out PATH]
+     [--max-tokens-per-micro-batch 8192] [--sides unshared,dense,split,flex] [--last-layer-at-targets off|on]
+     [--time-budget-s 0] [--json-out PATH]
 The JSON is rewritten after every (P, G), so a run cut short keeps what it measured.
 """
 
@@ -42,6 +43,7 @@ from common import emit, machine, spread  # noqa: E402
 
 SHAPES = {  # (layers, hidden, intermediate, heads, kv heads, vocab)
     "tiny": (2, 64, 128, 2, 1, 512),
+    "smollm2": (30, 576, 1536, 9, 3, 49152),  # SmolLM2-135M's shape
     "smollm2-6l": (6, 576, 1536, 9, 3, 49152),  # SmolLM2-135M's widths, 6 of its 30 layers
     "qwen2.5-1.5b": (28, 1536, 8960, 12, 2, 151936),  # Qwen2.5-1.5B's shape (tied embeddings)
 }
@@ -148,6 +150,8 @@ def main() -> None:
     parser.add_argument("--group-sizes", default="4,8,16")
     parser.add_argument("--completion-tokens", type=int, default=256)
     parser.add_argument("--sides", default=",".join(SIDES), help="which of unshared,dense,split,flex to run")
+    parser.add_argument("--last-layer-at-targets", choices=("off", "on"), default="off",
+                        help="learner.last_layer_at_targets for every side (flex always runs the full forward)")
     parser.add_argument("--repeats", type=int, default=3, help="timed updates per side (after one warm-up each)")
     parser.add_argument("--max-tokens-per-micro-batch", type=int, default=8192)
     parser.add_argument("--time-budget-s", type=float, default=0.0,
@@ -170,8 +174,8 @@ def main() -> None:
     sides = [s for s in SIDES if s in wanted and (device == "cuda" or s != "flex")]
     models = {"unshared": model, "dense": model}  # split and flex switch the attention of their own copies
     models.update({s: copy.deepcopy(model) for s in ("split", "flex") if s in sides})
-    forwards = {"unshared": Forward(dev), "dense": Forward(dev, True), "split": Forward(dev, True, False, "split"),
-                "flex": Forward(dev, True, False, "flex")}
+    last = args.last_layer_at_targets == "on"
+    forwards = {s: Forward(dev, s != "unshared", False, "dense" if s == "unshared" else s, last) for s in SIDES}
     grid = [(p, g) for p in map(int, args.prompt_lengths.split(",")) for g in map(int, args.group_sizes.split(","))]
     result = {"benchmark": "flex_attention", "machine": machine(), "device": device, "settings": vars(args),
               "parameters": sum(p.numel() for p in model.parameters()), "sides": list(sides),

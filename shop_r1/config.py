@@ -341,11 +341,12 @@ class LearnerConfig:
     another device is an error naming this key): torch's FlexAttention has no CPU backward, and its compiled CPU
     forward fails once shapes vary."""
     last_layer_at_targets: bool = True
-    """Forwards whose rows run as they are (SFT; GRPO without shared prompts or packing) run the last decoder layer's
-    query, attention output, MLP and final norm only at the positions the loss reads (shop_r1/learner/
-    target_states.py): the same outputs and gradients; an SFT forward + backward 1.77x faster on the main job's
-    2-layer model (benchmarks/bench_last_layer.py), at most 1/L of the work saved on an L-layer one. Qwen2 and
-    Llama layouts without sliding windows; other models and FSDP2 run the full forward."""
+    """Forwards run the last decoder layer's query, attention output, MLP and final norm only at the positions the
+    loss reads (shop_r1/learner/target_states.py): SFT rows, GRPO rows, and GRPO's packed lines (shared prompts,
+    sequence packing; learner.attention dense or split, not flex), where the completions and each prompt's last
+    token are read. The same outputs and gradients; an SFT forward + backward 1.77x faster on the main job's 2-layer
+    model (benchmarks/bench_last_layer.py), at most 1/L of the work saved on an L-layer one. Qwen2 and Llama layouts
+    without sliding windows; other models and FSDP2 run the full forward."""
     gradient_checkpointing: bool = False
     grad_clip: float = bounded(1.0, gt=0)
     """Clip the global gradient norm to this."""

@@ -92,9 +92,9 @@ class Forward:
     pack: bool = False
     attention: Literal["dense", "split", "flex"] = "dense"
     last_layer_at_targets: bool = False
-    """learner.last_layer_at_targets: rows that run as they are (no shared prompt, `pack` off) run the last decoder
-    layer's query, MLP and final norm only at the positions read (shop_r1/learner/target_states.py), where the
-    model's layout allows."""
+    """learner.last_layer_at_targets: the last decoder layer's query, MLP and final norm run only at the positions
+    read (shop_r1/learner/target_states.py), where the model's layout allows: rows as they are, and packed lines
+    (shared prompts, sequence packing) through the dense mask or the split pieces; not under `flex`."""
 
     def target_states(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, where: torch.Tensor,
                       completion_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,38 +102,64 @@ class Forward:
         t, predicting token t + 1), in row-major order. The path is chosen from the config and the call alone, never
         from a rank's rows (with `pack`, whether packing saves lines differs by rank): under ZeRO-3 every rank must
         call the modules in the same order."""
-        if self.last_layer_at_targets and not self.pack and not (completion_mask is not None and self.shared_prompt):
+        if self.last_layer_at_targets and self.attention != "flex":
             from shop_r1.learner import target_states
 
             if target_states.supports(model):
-                mask = None if right_padded(attention_mask) else attention_mask.to(self.device)
-                return target_states.final_states_at(model, input_ids.to(self.device), mask, where)
+                packed = self._packed(input_ids, attention_mask, completion_mask)
+                if packed is None:
+                    mask = None if right_padded(attention_mask) else attention_mask.to(self.device)
+                    return target_states.final_states_at(model, input_ids.to(self.device), mask, where)
+                # The states the targets read, each packed position once (a prompt's last token predicts the first
+                # token of every completion of its pack), then gathered in the rows' order.
+                read = packed.source.to(self.device)[:, 1:][where]
+                lines, width = packed.input_ids.shape
+                at = torch.zeros(lines * width, dtype=torch.bool, device=self.device)
+                at[read] = True
+                rank = at.long().cumsum(0) - 1
+                mask, extra = self._packed_mask(model, packed)
+                states = target_states.final_states_at(model, packed.input_ids.to(self.device), mask,
+                                                       at.view(lines, width), packed.position_ids.to(self.device),
+                                                       packed.allowed.to(self.device), **extra)
+                return states.index_select(0, rank[read])
         hidden = self.hidden(model, input_ids, attention_mask, completion_mask)
         return hidden.states.index_select(0, hidden.source[:, 1:][where])
+
+    def _packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                completion_mask: torch.Tensor | None) -> Any:
+        """The rows' packed lines (PackedRows) when this forward packs them (shared prompts of GRPO rows, or sequence
+        packing that saves lines), else None: the rows run as they are."""
+        shared = completion_mask is not None and self.shared_prompt
+        if not (shared or (self.pack and _packing_saves(attention_mask))):
+            return None
+        from shop_r1.algo.shared_prompt import pack_rows, pack_shared_prompts, prefix_lengths
+
+        if shared:
+            return pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
+                                       self.pack)
+        return pack_rows(input_ids, attention_mask)
+
+    def _packed_mask(self, model: Any, packed: Any) -> tuple[Any, dict[str, Any]]:
+        """The attention mask packed lines give the model, and the keywords beside it (the split layout)."""
+        dev = self.device
+        if self.attention == "flex":
+            _flex_ready(model, dev)
+            return packed.block_mask(dev), {}
+        if self.attention == "split":
+            from shop_r1.learner import split_attention
+
+            split_attention.ready(model)
+            return packed.allowed.to(dev), {split_attention.NAME: split_attention.SplitLayout.of(packed, dev)}
+        return packed.additive_mask(model.dtype, dev), {}
 
     def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                completion_mask: torch.Tensor | None = None) -> Hidden:
         """One forward of `model`'s transformer over rows [b, T]; packed per prompt when `shared_prompt` and a
         completion mask (GRPO rows) are given, sequence-packed when `pack`, else the rows run as they are."""
         dev = self.device
-        shared = completion_mask is not None and self.shared_prompt
-        if shared or (self.pack and _packing_saves(attention_mask)):
-            from shop_r1.algo.shared_prompt import pack_rows, pack_shared_prompts, prefix_lengths
-
-            packed = pack_shared_prompts(input_ids, attention_mask, prefix_lengths(completion_mask, attention_mask),
-                                         self.pack) if shared else pack_rows(input_ids, attention_mask)
-            extra = {}
-            if self.attention == "flex":
-                _flex_ready(model, dev)
-                mask = packed.block_mask(dev)
-            elif self.attention == "split":
-                from shop_r1.learner import split_attention
-
-                split_attention.ready(model)
-                layout = split_attention.SplitLayout.of(packed, dev)
-                mask, extra = packed.allowed.to(dev), {split_attention.NAME: layout}
-            else:
-                mask = packed.additive_mask(model.dtype, dev)
+        packed = self._packed(input_ids, attention_mask, completion_mask)
+        if packed is not None:
+            mask, extra = self._packed_mask(model, packed)
             hidden = model.model(input_ids=packed.input_ids.to(dev), position_ids=packed.position_ids.to(dev),
                                  attention_mask=mask, **extra).last_hidden_state
             return Hidden(hidden.reshape(-1, hidden.shape[-1]), packed.source.to(dev))

@@ -9,6 +9,8 @@ right-padded rows), then for layer L-1 keys/values over all positions and the re
 mask of the targets' rows. The outputs are the full forward's at those positions (same modules, same order of
 operations per position; a test checks outputs and gradients). On the main job's 2-layer model an SFT forward +
 backward runs 1.77x faster (benchmarks/bench_last_layer.py); on an L-layer model at most 1/L of the work is saved.
+GRPO's packed lines (shared prompts, sequence packing) run the same way with their own position ids and block
+mask: the targets are the completion tokens and each prompt's last token.
 
 Shapes: b rows, T tokens, m the most targets in a row, n all targets, H hidden size, h / g query / key-value heads,
 d head size.
@@ -78,21 +80,29 @@ def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def final_states_at(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                    where: torch.Tensor) -> torch.Tensor:
+                    where: torch.Tensor, position_ids: torch.Tensor | None = None,
+                    allowed: torch.Tensor | None = None, **layer_kwargs: Any) -> torch.Tensor:
     """The model's final hidden states (after the last norm) at the positions `where` [b, T'] marks (T' <= T), as
     [n, H] in row-major order: the rows of `model.model(...).last_hidden_state[where]`. `attention_mask` is what the
-    model's forward would take (None for right-padded rows, or the [b, T] padding mask)."""
+    model's forward would take (None for right-padded rows, or the [b, T] padding mask).
+
+    Packed lines (shop_r1/algo/shared_prompt.py) pass their `position_ids` [b, T], their 4D mask as `attention_mask`
+    (the dense additive one, or `allowed` itself under learner.attention=split, whose layout comes in
+    `layer_kwargs`), and `allowed` [b, 1, T, T] bool: the last layer's targets then see exactly the keys their rows
+    of `allowed` allow."""
     inner, config = model.model, model.config
     b, width = input_ids.shape
     where = torch.nn.functional.pad(where.bool(), (0, width - where.shape[1]))
     embeds = inner.embed_tokens(input_ids)
-    position_ids = torch.arange(width, device=input_ids.device)[None, :]
-    cos, sin = inner.rotary_emb(embeds, position_ids)  # [1, T, d] each
+    if position_ids is None:
+        position_ids = torch.arange(width, device=input_ids.device)[None, :]
+    cos, sin = inner.rotary_emb(embeds, position_ids)  # [1 or b, T, d] each
     mask = _causal_mask(inner, embeds, attention_mask, position_ids)
     layers = inner.layers[:config.num_hidden_layers]
     hidden = embeds
     for layer in layers[:-1]:
-        hidden = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids)
+        hidden = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
+                       **layer_kwargs)
 
     last = layers[-1]
     attn = last.self_attn
@@ -110,9 +120,12 @@ def final_states_at(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     queries, _ = rotary(queries, queries, cos_t, sin_t)
     repeat = heads // kv_heads
     keys, values = keys.repeat_interleave(repeat, dim=1), values.repeat_interleave(repeat, dim=1)
-    visible = torch.arange(width, device=index.device)[None, None, :] <= index[..., None]  # [b, m, T]
-    if attention_mask is not None:
-        visible = visible & attention_mask.bool()[:, None, :]
+    if allowed is not None:  # packed lines: the targets' rows of the layout's mask
+        visible = allowed[:, 0].gather(1, index[..., None].expand(-1, -1, width))  # [b, m, T]
+    else:
+        visible = torch.arange(width, device=index.device)[None, None, :] <= index[..., None]  # [b, m, T]
+        if attention_mask is not None:
+            visible = visible & attention_mask.bool()[:, None, :]
     visible = visible | ~valid[..., None]  # unused slots see everything (their outputs are dropped)
     out = torch.nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=visible[:, None],
                                                            scale=attn.scaling)

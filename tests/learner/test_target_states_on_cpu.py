@@ -95,15 +95,57 @@ def test_the_key_is_on_by_default_and_harmless_on_resume():
     assert "learner.last_layer_at_targets" in HARMLESS
 
 
-def test_sequence_packing_keeps_the_full_forward_on_every_rank(monkeypatch):
+def test_sequence_packing_takes_the_same_path_on_every_rank(monkeypatch):
     """With learner.pack_sequences the path must not depend on a rank's rows (whether packing saves lines does):
-    under ZeRO-3 every rank calls the modules in the same order, so packed-or-not rows all take the full forward."""
+    under ZeRO-3 every rank calls the modules in the same order, so packed and unpacked rows both run the last
+    layer at the targets (the same modules, in the same order), and both give the full forward's logprobs."""
     model = _model("qwen2").eval()
-    calls = []
-    monkeypatch.setattr(target_states, "final_states_at", lambda *a, **k: calls.append(a))
     ids, attention, targets = _rows()
+    real = target_states.final_states_at
+    calls = []
+    monkeypatch.setattr(target_states, "final_states_at", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
     with torch.no_grad():
         for rows in (slice(0, 3), slice(0, 1)):  # three uneven rows pack into fewer lines; one row does not
-            Forward(torch.device("cpu"), pack=True, last_layer_at_targets=True).target_logprobs(
+            fast = Forward(torch.device("cpu"), pack=True, last_layer_at_targets=True).target_logprobs(
                 model, ids[rows], attention[rows], targets[rows])
-    assert calls == []
+            full = Forward(torch.device("cpu"), pack=True, last_layer_at_targets=False).target_logprobs(
+                model, ids[rows], attention[rows], targets[rows])
+            torch.testing.assert_close(fast, full, rtol=1e-5, atol=1e-5)
+    assert calls == [(2, 20), (1, 20)]  # two packed lines of 20; the lone row as it is
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("attention", ["dense", "split"])
+@pytest.mark.parametrize("pack", [False, True])
+def test_shared_prompt_lines_run_the_last_layer_at_their_targets_with_equal_logprobs_and_gradients(
+        monkeypatch, kind, attention, pack):
+    """GRPO rows packed per prompt (learner.shared_prompt), several packs a line with `pack`, through the dense mask or
+    the split pieces: the last layer run at the completion tokens and each prompt's last token gives the full
+    forward's completion logprobs at T = 0.7 and gradients (float32), and it really ran that way (once per forward,
+    on the packed lines, at fewer positions than the lines hold)."""
+    from tests.algo.test_flex_shared_prompt_on_cpu import long_batch, tiny_qwen2
+    from tests.algo.test_split_attention_on_cpu import tiny_llama
+
+    batch = long_batch(2)
+    weights = torch.linspace(-1.0, 1.0, batch.input_ids.numel()).view(batch.input_ids.shape)
+    real = target_states.final_states_at
+    calls = []
+    monkeypatch.setattr(target_states, "final_states_at",
+                        lambda *a, **k: calls.append((a[1].shape, int(a[3].sum()))) or real(*a, **k))
+    out = []
+    for on in (False, True):
+        model = (tiny_qwen2 if kind == "qwen2" else tiny_llama)().train()
+        fwd = Forward(torch.device("cpu"), True, pack, attention, last_layer_at_targets=on)
+        logp = fwd.completion_logprobs(model, batch)
+        (logp * weights).sum().backward()
+        out.append((logp.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (full, full_grads), (fast, fast_grads) = out
+    torch.testing.assert_close(fast, full, rtol=1e-5, atol=1e-5)
+    assert fast_grads.keys() == full_grads.keys()
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    # long_batch: a 300-token prompt with completions of 170, 40, 129 and 1 tokens, a 20-token one with 9 and 5. A
+    # completion token is predicted by the state before it: the prompt's last token for its first, its own
+    # tokens but the last for the rest: 169 + 39 + 128 + 0 + 8 + 4 = 348 positions, plus the two prompts' last.
+    (shape, positions), = calls
+    assert positions == 350 and positions < shape[0] * shape[1]
