@@ -92,6 +92,10 @@ def seed_overrides(root: Path, k: int) -> tuple[str, ...]:
 
 # Keys that do not change a result: a workspace made with other values of these is still the same experiment.
 NOT_RESULTS = ("run_dir", "storage_uri", "logging.", "ray.")
+SAME_RESULTS = ("learner.attention", "learner.shared_prompt", "learner.pack_sequences", "learner.last_layer_at_targets",
+                "learner.max_tokens_per_micro_batch")
+"""How the learner lays out and runs its forwards: the same logprobs and gradients (tested), so a workspace or a
+carried table made before one of these changed (e.g. learner.attention's default) is the same experiment."""
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -102,10 +106,11 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def config_changes(saved: Config, cfg: Config) -> list[str]:
-    """`key: saved -> new` for every setting that differs and can change a result."""
+    """`key: saved -> new` for every setting that differs and can change a result: not the paths and logging, nor
+    the learner's forwards whose outputs and gradients are exactly equal (SAME_RESULTS)."""
     a, b = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k) and not k.startswith(NOT_RESULTS)]
+            if a.get(k) != b.get(k) and not k.startswith(NOT_RESULTS) and k not in SAME_RESULTS]
 
 
 @dataclass(frozen=True)

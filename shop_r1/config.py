@@ -330,12 +330,13 @@ class LearnerConfig:
     pack_sequences: bool = False
     """GRPO micro-batches pack uneven rows (or shared-prompt packs) end to end instead of padding them to the longest
     (shop_r1/algo/packing.py): the same loss and gradients. Needs a 4D-mask attention (eager or sdpa)."""
-    attention: Literal["dense", "split", "flex"] = "dense"
+    attention: Literal["dense", "split", "flex"] = "split"
     """How packed lines (`shared_prompt`, `pack_sequences`) attend: `dense` passes the [n, 1, W, W] mask to the
-    model's attention (SDPA), which computes every pair and masks it; `split` runs each pack as two SDPA calls, its
-    prompt causally and its completions against prompt + completions with a small mask, so no masked pair is
-    computed (shop_r1/learner/split_attention.py; CPU and CUDA, transformers models without sliding windows,
-    learner.backend=deepspeed); `flex` passes the same mask as a block-sparse
+    model's attention (SDPA), which computes every pair and masks it; `split` (the default) runs each pack as two
+    SDPA calls, its prompt causally and its completions against prompt + completions with a small mask, so no
+    masked pair is computed (shop_r1/learner/split_attention.py; CPU and CUDA, both backends; a model with
+    sliding-window layers, or one that cannot be switched, gets the dense mask instead); `flex` passes the same mask
+    as a block-sparse
     FlexAttention BlockMask and switches the model to attn_implementation=flex_attention, so the blocks a
     completion cannot see (the other completions) are skipped. Same outputs and gradients. CUDA only (a forward on
     another device is an error naming this key): torch's FlexAttention has no CPU backward, and its compiled CPU
@@ -802,7 +803,7 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
                         "disjoint lists (or leave one empty)")
     if learner.attention == "flex" and learner.num_gpus_per_rank == 0:
         problems.append("learner.attention=flex needs GPU ranks (learner.num_gpus_per_rank > 0): torch's FlexAttention "
-                        "has no CPU backward; use learner.attention=dense on CPU")
+                        "has no CPU backward; use learner.attention=split on CPU")
     source = cfg.reward.self_certainty.source
     if source == "update_logits" and cfg.rl.num_minibatches != 1 and "rl.num_minibatches" not in bad:
         problems.append(f"reward.self_certainty.source=update_logits needs rl.num_minibatches=1 (got "
@@ -818,9 +819,9 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
         problems.append(f"rl.scale_rewards=within_type needs Table 1's hierarchical reward (got {what}): it reads "
                         "the right action type from the action-type reward, which a plug-in reward need not fill "
                         "and the binary reward pays only for an exact match; use rl.scale_rewards=batch or group")
-    if learner.attention in ("flex", "split") and learner.backend == "fsdp2":
-        problems.append(f"learner.attention={learner.attention} runs with learner.backend=deepspeed only (the FSDP2 "
-                        "wrapper cannot switch the model's attention implementation); use learner.attention=dense")
+    if learner.attention == "flex" and learner.backend == "fsdp2":
+        problems.append("learner.attention=flex runs with learner.backend=deepspeed only (the FSDP2 wrapper cannot "
+                        "switch the model's attention implementation); use learner.attention=split")
     return problems
 
 

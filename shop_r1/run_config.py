@@ -27,7 +27,8 @@ resources and timeouts it gets, what the evaluations read:
     learner.step_timeout_s, learner.checkpoint_timeout_s, learner.resources, learner.max_tokens_per_micro_batch,
     learner.shared_prompt, learner.pack_sequences and learner.last_layer_at_targets (exactly equal),
     learner.gradient_checkpointing,
-    learner.offload_optimizer, learner.num_cpus_per_rank, learner.attention (the same mask, block-sparse or dense),
+    learner.offload_optimizer, learner.num_cpus_per_rank,
+    learner.attention (the same mask: split, block-sparse or dense),
     rollout.cpu_cores, learner.cpu_cores (where the threads run),
     reward_pool.* (workers, CPUs, timeouts, max_failed_fraction)
     rollout.num_gpus_per_engine, learner.num_gpus_per_rank: only while they stay > 0 (or stay 0): 0 <-> > 0 moves

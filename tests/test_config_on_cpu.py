@@ -274,11 +274,10 @@ def test_flex_attention_needs_gpu_ranks_and_the_deepspeed_backend(gpus, backend,
 
 
 @pytest.mark.parametrize("gpus", [0.0, 1.0])
-def test_split_attention_runs_on_any_ranks_with_the_deepspeed_backend_only(gpus):
-    cfg = load_config(None, ["learner.attention=split", f"learner.num_gpus_per_rank={gpus}"])
-    assert cfg.learner.attention == "split"
-    with pytest.raises(ConfigError, match="learner.attention=split runs with learner.backend=deepspeed only"):
-        load_config(None, ["learner.attention=split", f"learner.num_gpus_per_rank={gpus}", "learner.backend=fsdp2"])
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+def test_split_attention_is_the_default_on_any_ranks_and_backend(gpus, backend):
+    cfg = load_config(None, [f"learner.num_gpus_per_rank={gpus}", f"learner.backend={backend}"])
+    assert cfg.learner.attention == "split" and config_module.cross_field_problems(cfg) == []
 
 
 # ---------------------------------------------------------------------------------------------- issue 22: hardening

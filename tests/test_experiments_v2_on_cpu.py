@@ -100,6 +100,10 @@ def test_seed_workspaces_refuse_another_config(tmp_path):
     # Same settings (only what cannot change a result differs): reopened. Another setting: refused, named.
     run.open_seed_workspace(load_config(None, [*run.V2_FORCED, f"run_dir={tmp_path / 'x'}", "logging.console_every=5"]),
                             tmp_path, 2)
+    # Nor what a resumed run may change (the learner's exactly-equal forwards, placement): a workspace made before a
+    # default of that kind changed is the same experiment.
+    run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}", "learner.attention=dense",
+                                  "learner.max_tokens_per_micro_batch=4096"), tmp_path, 2)
     with pytest.raises(ConfigError, match=r"rl\.steps: 500 -> 7"):
         run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}", "rl.steps=7"), tmp_path, 2)
 

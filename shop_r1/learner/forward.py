@@ -101,7 +101,8 @@ class Forward:
         """[n, H] the final hidden states that predict the tokens `where` [b, T-1] marks (where[:, t]: the state at
         t, predicting token t + 1), in row-major order. The path is chosen from the config and the call alone, never
         from a rank's rows (with `pack`, whether packing saves lines differs by rank): under ZeRO-3 every rank must
-        call the modules in the same order."""
+        call the modules in the same order. (Whether `pack` packs a rank's rows does depend on them; both branches
+        below run `final_states_at`, the same modules in the same order.)"""
         if self.last_layer_at_targets and self.attention != "flex":
             from shop_r1.learner import target_states
 
@@ -113,6 +114,8 @@ class Forward:
                 # The states the targets read, each packed position once (a prompt's last token predicts the first
                 # token of every completion of its pack), then gathered in the rows' order.
                 read = packed.source.to(self.device)[:, 1:][where]
+                if bool((read < 0).any()):
+                    raise ValueError("a target token with no state before it (the first token of a row, or padding)")
                 lines, width = packed.input_ids.shape
                 at = torch.zeros(lines * width, dtype=torch.bool, device=self.device)
                 at[read] = True
@@ -148,8 +151,9 @@ class Forward:
         if self.attention == "split":
             from shop_r1.learner import split_attention
 
-            split_attention.ready(model)
-            return packed.allowed.to(dev), {split_attention.NAME: split_attention.SplitLayout.of(packed, dev)}
+            if split_attention.applies(model):  # else (sliding windows, a wrapper) the dense mask: same outputs
+                split_attention.ready(model)
+                return packed.allowed.to(dev), {split_attention.NAME: split_attention.SplitLayout.of(packed, dev)}
         return packed.additive_mask(model.dtype, dev), {}
 
     def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

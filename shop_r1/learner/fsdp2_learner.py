@@ -66,6 +66,7 @@ class _Policy:
     model: Callable[..., Any]
     lm_head: torch.nn.Module
     dtype: torch.dtype
+    config: Any  # the model's config: its attention implementation (learner.attention=split switches it at load)
 
 
 def _run_transformer(self: Any, **inputs: Any) -> Any:
@@ -94,6 +95,11 @@ class FSDP2Learner:
         self.rank, self.world_size, self.model_path, self.cfg = rank, world_size, str(model_path), cfg
         self.bf16 = computes_in_bf16(cfg, self.on_gpu)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if cfg.attention == "split" and (cfg.shared_prompt or cfg.pack_sequences):
+            from shop_r1.learner import split_attention
+
+            if split_attention.applies(model):  # switched before the wrapper hides the model; else the dense mask
+                split_attention.ready(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -124,7 +130,7 @@ class FSDP2Learner:
     @property
     def policy(self) -> Any:
         return _Policy(self.module.shop_r1_transformer, self.module.lm_head,
-                       torch.bfloat16 if self.bf16 else torch.float32)
+                       torch.bfloat16 if self.bf16 else torch.float32, self.module.config)
 
     def _reshard(self) -> None:
         """Every unit back to its shards (the root stays gathered after a forward until its backward ends)."""

@@ -86,10 +86,10 @@ def split_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     layout: SplitLayout | None = kwargs.pop(NAME, None)
-    kwargs.pop("is_causal", None)  # each piece says its own
     if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    kwargs.pop("is_causal", None)  # each piece says its own
     if query.shape[0] != len(layout.lines) or query.shape[2] != layout.width:
         raise ValueError(f"learner.attention=split: the layout has {len(layout.lines)} lines of {layout.width} "
                          f"tokens, the attention call {query.shape[0]} of {query.shape[2]}")
@@ -122,9 +122,27 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
-def ready(model: Any) -> None:
-    """Switch `model` (a transformers model) to `shop_r1_split`, once; loud where it cannot be switched."""
+def applies(model: Any) -> bool:
+    """Whether `model` can run the split pieces: already switched (a wrapper's view of a model switched before it was
+    wrapped), or a transformers model that can be switched and has no sliding-window layer. Elsewhere the learner's
+    forward passes the dense mask instead (the documented fallback of learner.attention=split)."""
     config = getattr(model, "config", None)
+    if config is None:
+        return False
+    if getattr(config, "_attn_implementation", None) == NAME:
+        return True
+    return hasattr(model, "set_attn_implementation") and "sliding_attention" not in (
+        getattr(config, "layer_types", None) or ())
+
+
+def ready(model: Any) -> None:
+    """Switch `model` (a transformers model) to `shop_r1_split`, once; loud where it cannot be switched. A view of a
+    model switched before it was wrapped (learner.backend=fsdp2's policy) only registers the function in this
+    process."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "_attn_implementation", None) == NAME:
+        register()
+        return
     if config is None or not hasattr(model, "set_attn_implementation"):
         raise ValueError(f"learner.attention=split needs a transformers model to switch its attention, got "
                          f"{type(model).__name__}; use learner.attention=dense with this backend")

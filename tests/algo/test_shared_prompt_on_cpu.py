@@ -101,7 +101,8 @@ def _grouped_batch(seed: int, temperature: float = 0.6) -> GRPOBatch:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("backend, attention", [("deepspeed", "dense"), ("fsdp2", "dense"), ("deepspeed", "split")])
+@pytest.mark.parametrize("backend, attention", [("deepspeed", "dense"), ("fsdp2", "dense"), ("deepspeed", "split"),
+                                                ("fsdp2", "split")])
 def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend, attention):
     """Packed and separate forwards on the real learner: same logprobs at T = 0.6, same exact self-certainty, same
     gradient of a weighted logprob sum (1e-5, fp32), and the same GRPO step statistics with KL to a reference; the

@@ -1,7 +1,10 @@
 """learner.attention=split (shop_r1/learner/split_attention.py): each shared-prompt pack attended as two SDPA pieces.
 The layout read back by hand; the pieces cover exactly the dense mask's allowed pairs on random batches; Qwen2 and
-Llama built in code give the dense mask's hidden states, logprobs and gradients with and without sequence packing;
-a forward without a layout after the switch is SDPA's, bit for bit; refusals name the key."""
+Llama built in code give the dense mask's hidden states, logprobs and gradients with and without sequence packing
+(the layout reaching every attention call); a forward without a layout after the switch is SDPA's, bit for bit;
+refusals name the key, and a sliding-window model falls back to the dense mask."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -103,12 +106,19 @@ def test_split_gives_the_dense_masks_hidden_states(build, pack):
 
 @pytest.mark.parametrize("build", [tiny_qwen2, tiny_llama])
 @pytest.mark.parametrize("pack", [False, True])
-def test_split_logprobs_and_gradients_equal_dense_and_the_separate_rows(build, pack):
+def test_split_logprobs_and_gradients_equal_dense_and_the_separate_rows(monkeypatch, build, pack):
     """Through the learner's Forward: completion logprobs at T = 0.7 and the gradient of a weighted logprob sum, split
     against the dense mask and against the unshared rows (float32)."""
     batch = long_batch(1)
     weights = torch.linspace(-1.0, 1.0, batch.input_ids.numel()).view(batch.input_ids.shape)
-    out = {}
+    out, layouts = {}, []
+    real = split_attention.split_attention_forward
+
+    def spy(module, query, key, value, attention_mask, **kwargs):  # the layout reaches every attention call
+        layouts.append(kwargs.get(split_attention.NAME))
+        return real(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(split_attention, "split_attention_forward", spy)
     for name, fwd in (("rows", Forward(torch.device("cpu"), False, pack)),
                       ("dense", Forward(torch.device("cpu"), True, pack, "dense")),
                       ("split", Forward(torch.device("cpu"), True, pack, "split"))):
@@ -116,6 +126,7 @@ def test_split_logprobs_and_gradients_equal_dense_and_the_separate_rows(build, p
         logp = fwd.completion_logprobs(model, batch)
         (logp * weights).sum().backward()
         out[name] = (logp.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert len(layouts) == 2 and all(isinstance(x, SplitLayout) for x in layouts)  # 2 layers, one forward
     for ref in ("dense", "rows"):
         torch.testing.assert_close(out["split"][0], out[ref][0], rtol=1e-5, atol=1e-5)
         assert out["split"][1].keys() == out[ref][1].keys()
@@ -151,5 +162,15 @@ def test_a_layout_that_does_not_fit_the_call_and_a_sliding_window_model_are_refu
 
     cfg = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    sliding = Qwen2ForCausalLM(cfg)
     with pytest.raises(ValueError, match="learner.attention=split does not apply sliding windows"):
-        split_attention.ready(Qwen2ForCausalLM(cfg))
+        split_attention.ready(sliding)
+    # Through the learner's forward (split is the default) such a model gets the dense mask: the documented fallback.
+    assert not split_attention.applies(sliding)
+    batch = _grouped_batch(1)
+    batch = dataclasses.replace(batch, input_ids=batch.input_ids % 64)  # the small model's vocabulary
+    with torch.no_grad():
+        got = Forward(torch.device("cpu"), True, False, "split").completion_logprobs(sliding, batch)
+        want = Forward(torch.device("cpu"), True, False, "dense").completion_logprobs(sliding, batch)
+    assert sliding.config._attn_implementation != split_attention.NAME
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
