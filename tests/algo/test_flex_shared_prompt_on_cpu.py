@@ -11,7 +11,7 @@ from torch.nn.attention.flex_attention import create_mask
 from shop_r1.algo.batch import GRPOBatch
 from shop_r1.algo.shared_prompt import pack_shared_prompts, prefix_lengths
 from shop_r1.learner.forward import Forward
-from tests.algo.test_shared_prompt_on_cpu import _grouped_batch, _rows
+from tests.algo.test_shared_prompt_on_cpu import _grouped_batch, _rows, random_groups
 
 
 def tiny_qwen2(seed: int = 0, device: str = "cpu"):
@@ -40,13 +40,7 @@ def long_batch(seed: int, prompt_len: int = 300, completions: tuple[int, ...] = 
 def test_block_mask_is_the_dense_mask_at_every_pair_on_random_batches(pack):
     """Random groups, prompts and completions (empty ones too), with and without sequence packing: the BlockMask's
     mask_mod, evaluated at every (line, query, key), is `allowed` exactly."""
-    g = torch.Generator().manual_seed(1)
-    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
-    for _ in range(40):
-        prompts = [torch.randint(1, 50, (rand(0, 7),), generator=g).tolist() for _ in range(rand(1, 4))]
-        rows = [(prompts[rand(0, len(prompts))], torch.randint(1, 50, (rand(0, 6),), generator=g).tolist())
-                for _ in range(rand(1, 8))]
-        ids, attn, comp = (torch.nn.functional.pad(t, (0, rand(1, 3))) for t in _rows(rows))
+    for _, ids, attn, comp in random_groups(1, 40, prompt_tokens=(0, 7), completion_tokens=(0, 6), pad=(1, 3)):
         packed = pack_shared_prompts(ids, attn, prefix_lengths(comp, attn), pack)
         lines, width = packed.segments.shape
         dense = create_mask(packed.block_mask("cpu").mask_mod, lines, 1, width, width, device="cpu")

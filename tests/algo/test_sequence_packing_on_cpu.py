@@ -11,7 +11,7 @@ from shop_r1.algo.shared_prompt import pack_rows, pack_shared_prompts, prefix_le
 from shop_r1.config import LearnerConfig, RLConfig
 from shop_r1.learner.forward import Forward
 from shop_r1.learner.grpo_step import grpo_update, micro_batches
-from tests.algo.test_shared_prompt_on_cpu import _rows
+from tests.algo.test_shared_prompt_on_cpu import _rows, random_groups
 from tests.learner.test_grpo_step_on_cpu import TorchBackend
 
 CPU = torch.device("cpu")
@@ -68,13 +68,7 @@ def test_shared_prompt_packs_share_a_line_each_keeping_its_own_mask():
 def test_every_row_token_sees_exactly_its_own_row_on_random_batches(shared):
     """Random groups, prompts and completions (empty ones too): for every real row token t - 1, the packed state at
     source[b, t] holds that token at position t - 1 and attends to exactly row b's tokens 0..t-1."""
-    g = torch.Generator().manual_seed(1)
-    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
-    for _ in range(150):
-        prompts = [torch.randint(1, 50, (rand(1, 9),), generator=g).tolist() for _ in range(rand(1, 4))]
-        rows = [(prompts[rand(0, len(prompts))], torch.randint(1, 50, (rand(0, 6),), generator=g).tolist())
-                for _ in range(rand(1, 8))]
-        ids, attn, comp = _rows(rows)
+    for rows, ids, attn, comp in random_groups(1, 150, prompt_tokens=(1, 9), completion_tokens=(0, 6)):
         packed = pack_shared_prompts(ids, attn, prefix_lengths(comp, attn), pack=True) if shared \
             else pack_rows(ids, attn)
         width = packed.input_ids.shape[1]

@@ -21,19 +21,28 @@ def _rows(rows: list[tuple[list[int], list[int]]]):
     return ids, attn, comp
 
 
+def random_groups(seed: int, count: int, prompt_tokens: tuple[int, int] = (0, 6),
+                  completion_tokens: tuple[int, int] = (0, 5), pad: tuple[int, int] = (0, 1)):
+    """`count` random batches of GRPO rows: 1-3 prompts of [lo, hi) tokens, 1-7 rows each continuing one of them
+    with [lo, hi) completion tokens, right-padded with [lo, hi) extra columns. Yields (rows, ids, attention mask,
+    completion mask)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    for _ in range(count):
+        prompts = [torch.randint(1, 50, (rand(*prompt_tokens),), generator=g).tolist() for _ in range(rand(1, 4))]
+        completion = lambda: torch.randint(1, 50, (rand(*completion_tokens),), generator=g).tolist()  # noqa: E731
+        rows = [(prompts[rand(0, len(prompts))], completion()) for _ in range(rand(1, 8))]
+        extra = rand(*pad)
+        ids, attn, comp = (torch.nn.functional.pad(t, (0, extra)) for t in _rows(rows))
+        yield rows, ids, attn, comp
+
+
 def test_source_maps_every_row_token_to_the_state_of_its_predecessor_on_random_batches():
     """Random groups, prompts (empty ones too), completions (empty ones too) and extra padding columns: the packed
     token, position and segment at source[b, t] are row b's token t - 1, its position t - 1, and the prompt (for
     t - 1 in the prompt) or row b's own completion segment, for every real t >= 1; -1 elsewhere."""
-    g = torch.Generator().manual_seed(0)
-    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
-    for _ in range(300):
-        prompts = [torch.randint(1, 50, (rand(0, 6),), generator=g).tolist() for _ in range(rand(1, 4))]
-        rows = [(prompts[rand(0, len(prompts))], torch.randint(1, 50, (rand(0, 5),), generator=g).tolist())
-                for _ in range(rand(1, 8))]
-        ids, attn, comp = _rows(rows)
-        pad = rand(1, 4)  # at least one padding column (a batch is never 0 wide)
-        ids, attn, comp = (torch.nn.functional.pad(t, (0, pad)) for t in (ids, attn, comp))
+    # At least one padding column: a batch is never 0 wide.
+    for rows, ids, attn, comp in random_groups(0, 300, pad=(1, 4)):
         prefixes = prefix_lengths(comp, attn)
         assert prefixes == [len(p) for p, _ in rows]
         packed = pack_shared_prompts(ids, attn, prefixes)

@@ -14,7 +14,7 @@ from shop_r1.learner import split_attention
 from shop_r1.learner.forward import Forward
 from shop_r1.learner.split_attention import SplitLayout
 from tests.algo.test_flex_shared_prompt_on_cpu import long_batch, tiny_qwen2
-from tests.algo.test_shared_prompt_on_cpu import _grouped_batch, _rows
+from tests.algo.test_shared_prompt_on_cpu import _grouped_batch, _rows, random_groups
 
 
 def tiny_llama(seed: int = 0):
@@ -67,13 +67,7 @@ def _covered(layout: SplitLayout) -> torch.Tensor:
 def test_pieces_compute_exactly_the_dense_masks_pairs_on_random_batches(pack):
     """Random groups, prompts and completions (empty ones too), with and without sequence packing: at every real
     query the pairs the pieces compute are the dense mask's allowed pairs, no more, no fewer."""
-    g = torch.Generator().manual_seed(7)
-    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
-    for _ in range(60):
-        prompts = [torch.randint(1, 50, (rand(1, 7),), generator=g).tolist() for _ in range(rand(1, 4))]
-        rows = [(prompts[rand(0, len(prompts))], torch.randint(1, 50, (rand(0, 6),), generator=g).tolist())
-                for _ in range(rand(1, 8))]
-        ids, attn, comp = (torch.nn.functional.pad(t, (0, rand(1, 3))) for t in _rows(rows))
+    for _, ids, attn, comp in random_groups(7, 60, prompt_tokens=(1, 7), completion_tokens=(0, 6), pad=(1, 3)):
         packed = pack_shared_prompts(ids, attn, prefix_lengths(comp, attn), pack)
         real = (packed.segments >= 0).view(packed.segments.shape[0], 1, -1, 1)
         covered = _covered(SplitLayout.of(packed, "cpu"))
