@@ -31,7 +31,9 @@ def test_grpo_and_sft_updates_equal_deepspeed_zero0(tiny_model_dir, tiny_tokeniz
     from shop_r1.data.synth import synthesize_sessions
     from shop_r1.learner.sft_data import pack_micro_batches, tokenize_sft_examples
 
-    cfg = LearnerConfig(zero_stage=0, max_tokens_per_micro_batch=24)
+    # The same forward on both (FSDP2 runs no last layer at the targets: its layers are shards), so the figures
+    # agree to the last digits; that path's own equality to the full forward: tests/learner/test_target_states_*.py.
+    cfg = LearnerConfig(zero_stage=0, max_tokens_per_micro_batch=24, last_layer_at_targets=False)
     learners = [cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=3, warmup_steps=1, lr_schedule="cosine",
                     reference_path=str(tiny_model_dir)) for cls in (DeepSpeedLearner, FSDP2Learner)]
     stats = [[m.grpo_step(_grouped_batch(seed), _loss_cfg()) for seed in (1, 2)] for m in learners]

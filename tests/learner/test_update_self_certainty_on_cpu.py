@@ -171,11 +171,11 @@ def test_the_known_dropped_rows_forward_without_gradient(models, rewards, adv_cf
     prompts = {tuple(batch.input_ids[b, :5].tolist()): b // 2 for b in range(6)}
     seen = []
 
-    def record(module, args, kwargs, output):
-        groups = {prompts[key] for key in map(tuple, kwargs["input_ids"][:, :5].tolist()) if key in prompts}
-        seen.append((groups, output.last_hidden_state.requires_grad))
+    def record(module, args, output):  # the embedding: the first module of the full forward and of the one that runs
+        groups = {prompts[key] for key in map(tuple, args[0][:, :5].tolist()) if key in prompts}  # the last layer
+        seen.append((groups, output.requires_grad))  # at the targets only
 
-    handle = policy.model.register_forward_hook(record, with_kwargs=True)
+    handle = policy.model.embed_tokens.register_forward_hook(record)
     try:
         out = grpo_update_with_self_certainty(TorchBackend(policy, LearnerConfig(max_tokens_per_micro_batch=40),
                                                            reference), batch, LOSS, rewards, adv_cfg, 0, step=1)
@@ -305,7 +305,10 @@ def test_two_ranks_place_their_s_and_train_the_whole_batchs_gradient(models, spl
         t.join(timeout=120)
     for out in outs:
         assert out.updated and out.self_certainty == pytest.approx(whole.self_certainty, rel=1e-6, abs=1e-9)
-        torch.testing.assert_close(out.advantages.advantages, whole.advantages.advantages, rtol=1e-6, atol=1e-9)
+        # Where a group's action rewards tie, its advantages are its s(r) differences over their std: a rank's packs
+        # (group 1 split between ranks attends over fewer keys) change s(r) in the 7th digit, which that division
+        # magnifies to ~1e-5 relative. A misplaced s(r) moves an advantage by O(1).
+        torch.testing.assert_close(out.advantages.advantages, whole.advantages.advantages, rtol=1e-4, atol=1e-6)
         assert out.stats.num_tokens == whole.stats.num_tokens
         assert out.stats.loss == pytest.approx(whole.stats.loss, rel=1e-5)  # (TorchBackend: the rank's own norm)
     (expected,) = one.grads
