@@ -20,7 +20,7 @@ on CUDA, float32 on CPU. Also reported: tokens and attention pairs each side com
 warm-up the largest |logprob| difference of split, flex and unshared from dense (bf16 rounding, not a correctness
 test: that is tests/gpu/test_flex_shared_prompt_gpu.py in float32).
 
-Run: python benchmarks/bench_flex_attention.py [--shape qwen2.5-1.5b|smollm2-6l|tiny]
+Run: python benchmarks/bench_flex_attention.py [--shape qwen2.5-1.5b|smollm2|smollm2-6l|tiny]
      [--prompt-lengths 512,1024,2048,4096] [--group-sizes 4,8,16] [--completion-tokens 256] [--repeats 3]
      [--max-tokens-per-micro-batch 8192] [--sides unshared,dense,split,flex] [--last-layer-at-targets off|on]
      [--time-budget-s 0] [--json-out PATH]

@@ -99,10 +99,10 @@ class Forward:
     def target_states(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, where: torch.Tensor,
                       completion_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[n, H] the final hidden states that predict the tokens `where` [b, T-1] marks (where[:, t]: the state at
-        t, predicting token t + 1), in row-major order. The path is chosen from the config and the call alone, never
-        from a rank's rows (with `pack`, whether packing saves lines differs by rank): under ZeRO-3 every rank must
-        call the modules in the same order. (Whether `pack` packs a rank's rows does depend on them; both branches
-        below run `final_states_at`, the same modules in the same order.)"""
+        t, predicting token t + 1), in row-major order. Under ZeRO-3 every rank must call the modules in the same order:
+        whether to run the last layer at the targets is chosen from the config and the model alone, and whether a
+        rank's rows are packed (which with `pack` depends on them) changes only the inputs of `final_states_at`, not
+        the modules it calls."""
         if self.last_layer_at_targets and self.attention != "flex":
             from shop_r1.learner import target_states
 
