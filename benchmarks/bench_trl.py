@@ -434,7 +434,10 @@ def race_repeated(args: argparse.Namespace, tmp: str) -> dict:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"bench_trl: unknown --variants {unknown}; known: {sorted(VARIANTS)}")
-    order = [("trl", "")] + [(VARIANTS[v][0], v) for v in variants if VARIANTS[v][0] == "trl"] + [("shop_r1", "")] \
+    if args.no_trl and any(VARIANTS[v][0] == "trl" for v in variants):
+        raise SystemExit("bench_trl: --no-trl leaves out TRL's side, and with it the TRL variants asked for")
+    order = ([] if args.no_trl else [("trl", "")]) \
+        + [(VARIANTS[v][0], v) for v in variants if VARIANTS[v][0] == "trl"] + [("shop_r1", "")] \
         + [(VARIANTS[v][0], v) for v in variants if VARIANTS[v][0] == "shop_r1"]
     runs: dict[str, list[dict]] = {_side_name(s, v): [] for s, v in order}
     errors: dict[str, str] = {}
@@ -468,7 +471,12 @@ def race_repeated(args: argparse.Namespace, tmp: str) -> dict:
                        "stage_s": reps[-1]["stage_s"], "peak_rss_gib": max(peaks), "repeats": reps}
         if max(peaks) > 0.85 * ram_gib:
             notes.append(f"{name} peaked at {max(peaks):.1f} GiB of {ram_gib:.1f} GiB: within 15 % of the memory")
-    speedups = {}
+    speedups, over_shop_r1 = {}, {}
+    if "shop_r1" in sides:  # each shop-r1 variant's step time over shop-r1's own, paired by repeat
+        base = [x["step_s"] for x in runs["shop_r1"]]
+        for name in sides:
+            if name.startswith("shop_r1["):
+                over_shop_r1[name] = spread([x["step_s"] / b for b, x in zip(base, runs[name])])
     if "trl" in sides:
         base = [x["step_s"] for x in runs["trl"]]
         for name in sides:
@@ -479,7 +487,8 @@ def race_repeated(args: argparse.Namespace, tmp: str) -> dict:
             "steps": args.steps, "warmup_steps": 1, "max_new_tokens": args.max_new_tokens,
             "prompt_tokens": args.prompt_tokens or None, "threads": args.threads, "repeats": args.repeats,
             "order": [_side_name(s, v) for s, v in order], "ram_gib": ram_gib,
-            "speedup_over_trl": speedups, "sides": sides, "errors": errors, "memory_notes": notes}
+            "speedup_over_trl": speedups, "step_over_shop_r1": over_shop_r1, "sides": sides, "errors": errors,
+            "memory_notes": notes}
 
 
 def scaling_row(result: dict) -> dict:
@@ -534,6 +543,9 @@ def main() -> None:
     parser.add_argument("--scaling-steps", type=int, default=3, help="steps per point (the first a warm-up)")
     parser.add_argument("--repeats", type=int, default=1, help="alternating repeats of every side (with --variants)")
     parser.add_argument("--variants", default="", help=f"comma-separated, of {sorted(VARIANTS)}")
+    parser.add_argument("--no-trl", action="store_true",
+                        help="with --variants: shop-r1 and its variants only (TRL's SmolLM2 side runs tens of "
+                             "minutes); each variant's step is then read against shop-r1's, paired by repeat")
     parser.add_argument("--side", choices=("trl", "shop_r1"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", default="", help=argparse.SUPPRESS)
@@ -548,7 +560,7 @@ def main() -> None:
     try:  # the runs' folders (a SmolLM2 run leaves checkpoints of ~2 GB) go once both sides have reported
         if args.scaling:
             result = scaling(args, tmp)
-        elif args.repeats > 1 or args.variants:
+        elif args.repeats > 1 or args.variants or args.no_trl:
             result = race_repeated(args, tmp)
         else:
             result = race(args, args.n, args.prompt_tokens, args.steps, tmp)

@@ -61,6 +61,15 @@ def raw_broadcast_seconds(num_bytes: int, repeats: int = 3) -> float:
     return max(ray.get([p.run.remote(repeats) for p in peers]))
 
 
+def _first_bucket_mb(bucket_mb: int) -> float | None:
+    """The learners' first bucket in this code (None where the code has no small first bucket)."""
+    try:
+        from shop_r1.weight_sync.broadcast import first_bucket_bytes
+    except ImportError:
+        return None
+    return first_bucket_bytes(bucket_mb << 20) / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="")
@@ -108,6 +117,7 @@ def main() -> None:
     other = sum(r["timing/other"] for r in rows) / len(rows)
     result = {
         "model": args.model, "steps_measured": len(rows), "weight_bytes": num_bytes,
+        "first_bucket_mb": _first_bucket_mb(cfg.rl.weight_sync_bucket_mb),
         "weight_load": cfg.rollout.weight_load, "bucket_mb": cfg.rl.weight_sync_bucket_mb,
         "zero_copy": cfg.weight_sync.zero_copy, "overrides": list(args.set),
         "num_cpus_per_engine": cfg.rollout.num_cpus_per_engine, "num_cpus_per_rank": cfg.learner.num_cpus_per_rank,

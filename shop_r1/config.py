@@ -523,7 +523,8 @@ class RLConfig:
     keep_checkpoints: int = bounded(2, ge=1)
     """Keep the newest this many complete checkpoints; older ones are removed after a newer one is complete."""
     weight_sync_bucket_mb: int = bounded(256, ge=1)
-    """Size bound of one broadcast bucket during weight sync."""
+    """Size bound of one broadcast bucket during weight sync; the first bucket is bounded by an eighth of it, so the
+    engines start loading while the larger rest is on the wire (shop_r1/weight_sync/broadcast.py first_bucket_bytes)."""
     check_weight_sync: bool = False
     """Debug: after every sync, compare the engines' logprobs with the learner's on a probe batch."""
     async_level: int = bounded(0, ge=0, le=1)

@@ -199,11 +199,12 @@ class DeepSpeedLearner:
     # ------------------------------------------------------------------------------------------- weight sync
 
     def weight_manifest(self, bucket_bytes: int) -> Any:
-        from shop_r1.weight_sync.broadcast import make_manifest
+        from shop_r1.weight_sync.broadcast import first_bucket_bytes, make_manifest
 
         dtype = torch.bfloat16 if self.engine.bfloat16_enabled() else torch.float32
         return make_manifest(((n, tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape), dtype)
-                              for n, p in self.engine.module.named_parameters()), bucket_bytes, fuse=True)
+                              for n, p in self.engine.module.named_parameters()), bucket_bytes, fuse=True,
+                             first_bytes=first_bucket_bytes(bucket_bytes))
 
     def open_weight_sync_store(self, timeout_s: float = 600.0) -> tuple[str, int]:
         return self._weights_out.open_store(timeout_s)

@@ -120,10 +120,11 @@ class Forward:
                 at = torch.zeros(lines * width, dtype=torch.bool, device=self.device)
                 at[read] = True
                 rank = at.long().cumsum(0) - 1
-                mask, extra = self._packed_mask(model, packed)
+                allowed = packed.allowed.to(self.device)
+                mask, extra = self._packed_mask(model, packed, allowed)
                 states = target_states.final_states_at(model, packed.input_ids.to(self.device), mask,
                                                        at.view(lines, width), packed.position_ids.to(self.device),
-                                                       packed.allowed.to(self.device), **extra)
+                                                       allowed, **extra)
                 return states.index_select(0, rank[read])
         hidden = self.hidden(model, input_ids, attention_mask, completion_mask)
         return hidden.states.index_select(0, hidden.source[:, 1:][where])
@@ -142,8 +143,9 @@ class Forward:
                                        self.pack)
         return pack_rows(input_ids, attention_mask)
 
-    def _packed_mask(self, model: Any, packed: Any) -> tuple[Any, dict[str, Any]]:
-        """The attention mask packed lines give the model, and the keywords beside it (the split layout)."""
+    def _packed_mask(self, model: Any, packed: Any, allowed: torch.Tensor | None = None) -> tuple[Any, dict[str, Any]]:
+        """The attention mask packed lines give the model, and the keywords beside it (the split layout). `allowed`:
+        `packed.allowed` already on the device, where the caller holds it (not copied again)."""
         dev = self.device
         if self.attention == "flex":
             _flex_ready(model, dev)
@@ -153,7 +155,8 @@ class Forward:
 
             if split_attention.applies(model):  # else (sliding windows, a wrapper) the dense mask: same outputs
                 split_attention.ready(model)
-                return packed.allowed.to(dev), {split_attention.NAME: split_attention.SplitLayout.of(packed, dev)}
+                allowed = packed.allowed.to(dev) if allowed is None else allowed
+                return allowed, {split_attention.NAME: split_attention.SplitLayout.of(packed, dev)}
         return packed.additive_mask(model.dtype, dev), {}
 
     def hidden(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

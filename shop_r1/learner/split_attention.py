@@ -122,33 +122,34 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
-def applies(model: Any) -> bool:
-    """Whether `model` can run the split pieces: already switched (a wrapper's view of a model switched before it was
-    wrapped), or a transformers model that can be switched and has no sliding-window layer. Elsewhere the learner's
-    forward passes the dense mask instead (the documented fallback of learner.attention=split)."""
+def _refusal(model: Any) -> str:
+    """Why `model` cannot run the split pieces, or "" where it can: already switched (a wrapper's view of a model
+    switched before it was wrapped), or a transformers model that can be switched and has no sliding-window layer."""
     config = getattr(model, "config", None)
-    if config is None:
-        return False
-    if getattr(config, "_attn_implementation", None) == NAME:
-        return True
-    return hasattr(model, "set_attn_implementation") and "sliding_attention" not in (
-        getattr(config, "layer_types", None) or ())
+    if config is not None and getattr(config, "_attn_implementation", None) == NAME:
+        return ""
+    if config is None or not hasattr(model, "set_attn_implementation"):
+        return (f"learner.attention=split needs a transformers model to switch its attention, got "
+                f"{type(model).__name__}; use learner.attention=dense with this backend")
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return ("learner.attention=split does not apply sliding windows (this model has sliding-attention layers); "
+                "use learner.attention=dense")
+    return ""
+
+
+def applies(model: Any) -> bool:
+    """Whether `model` can run the split pieces (`_refusal`). Elsewhere the learner's forward passes the dense mask
+    instead (the documented fallback of learner.attention=split)."""
+    return not _refusal(model)
 
 
 def ready(model: Any) -> None:
     """Switch `model` (a transformers model) to `shop_r1_split`, once; loud where it cannot be switched. A view of a
     model switched before it was wrapped (learner.backend=fsdp2's policy) only registers the function in this
     process."""
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "_attn_implementation", None) == NAME:
-        register()
-        return
-    if config is None or not hasattr(model, "set_attn_implementation"):
-        raise ValueError(f"learner.attention=split needs a transformers model to switch its attention, got "
-                         f"{type(model).__name__}; use learner.attention=dense with this backend")
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        raise ValueError("learner.attention=split does not apply sliding windows (this model has sliding-attention "
-                         "layers); use learner.attention=dense")
-    if config._attn_implementation != NAME:
-        register()
+    why = _refusal(model)
+    if why:
+        raise ValueError(why)
+    register()
+    if model.config._attn_implementation != NAME:
         model.set_attn_implementation(NAME)

@@ -13,7 +13,8 @@ view, without a copy. What each kind of parameter needs:
   the layer computes from its parameter, which takes a copy like any other;
 - everything else (a linear weight on GPU, biases, norms, the embedding): copied into the parameter in place; an
   embedding padded to a multiple of 64 rows takes the sent rows first.
-The lm_head's repack (tied to the embedding or not) is the caller's, after the stream (`WeightLoaderExtension`).
+The lm_head's repack (tied to the embedding or not) is the caller's (`WeightLoaderExtension`): as soon as its weight
+has been copied (`copied`), so that it runs while the rest of the stream is still on the wire.
 
 The layout allows it when `in_place_plan` finds no reason against it: one tensor-parallel rank, no quantisation, the
 model fuses only what `PACKED_MODULES` says, and every sent name has a parameter of its shape. Otherwise the caller
@@ -22,7 +23,7 @@ uses vLLM's layerwise reload (rollout.weight_load=auto) or refuses (in_place).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,8 +126,11 @@ def _load_linear_weight(module: Any, where: str, weight: torch.Tensor) -> None:
         param.data.copy_(weight)
 
 
-def load_in_place(model: Any, targets: Sequence[Target], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Load the stream (names in `targets`' order) into `model`'s parameters; consumes the whole stream."""
+def load_in_place(model: Any, targets: Sequence[Target], tensors: Iterable[tuple[str, torch.Tensor]],
+                  copied: Callable[[torch.nn.Parameter], None] | None = None) -> None:
+    """Load the stream (names in `targets`' order) into `model`'s parameters; consumes the whole stream. `copied`
+    is called with each parameter copied in place (not a linear weight) as soon as it holds its new values, before
+    the stream goes on: the caller repacks the tied lm_head there, while the next bucket is on the wire."""
     modules = dict(model.named_modules())
     stream = iter(tensors)
     for target in targets:
@@ -146,6 +150,8 @@ def load_in_place(model: Any, targets: Sequence[Target], tensors: Iterable[tuple
         _check_shape(where, tuple(param.shape), tuple(value.shape), padded_rows=True)
         with torch.no_grad():
             param.data[:value.shape[0]].copy_(value)
+        if copied is not None:
+            copied(param)
     leftover = next(stream, None)
     if leftover is not None:
         raise RuntimeError(f"in-place weight load: {leftover[0]} was sent but is not in the plan")

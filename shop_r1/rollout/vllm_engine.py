@@ -54,24 +54,31 @@ class WeightLoaderExtension:
             None, "rollout.weight_load=layerwise" if mode == "layerwise" else "no manifest (a local load)")
         if targets is None and mode == "in_place":
             raise RuntimeError(f"rollout.weight_load=in_place: this model cannot load in place: {why}")
+        lm_head = getattr(model, "lm_head", None)
+        method = getattr(lm_head, "quant_method", None)
+        repack = method is not None and hasattr(method, "process_weights_after_loading") and not is_plain(lm_head)
+        repacked = [False]
+
+        def copied(param: Any) -> None:  # the in-place path: the lm_head's weight (the tied embedding) just arrived
+            if repack and param is getattr(lm_head, "weight", None):
+                method.process_weights_after_loading(lm_head)
+                repacked[0] = True
+
         if targets is not None:
             from shop_r1.rollout.in_place_load import load_in_place
 
-            load_in_place(model, targets, timed())
+            load_in_place(model, targets, timed(), copied)
             for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as reload_weights does
                 getattr(self.model_runner, reset, lambda: None)()
             path = "in_place"
         else:
             self.reload_weights(weights_iterator=timed(), is_checkpoint_format=True)
             path = f"layerwise ({why})"
-        lm_head = getattr(model, "lm_head", None)
         tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
-        method = getattr(lm_head, "quant_method", None)
-        if (tied or targets is not None) and method is not None and hasattr(method, "process_weights_after_loading") \
-                and not is_plain(lm_head):
+        if (tied or targets is not None) and repack and not repacked[0]:
             # The reload refreshes the embedding but not the packed copy the CPU lm_head computes logits with (the
-            # in-place path: any lm_head, its weight was copied in place). A plain lm_head (rollout.cpu_linear=torch)
-            # computes from the parameter itself.
+            # in-place path: any lm_head, its weight was copied in place, and repacked then unless it never came).
+            # A plain lm_head (rollout.cpu_linear=torch) computes from the parameter itself.
             method.process_weights_after_loading(lm_head)
         return max(span[1] - span[0], 0.0), path
 

@@ -106,11 +106,19 @@ def fusion_order(names: Iterable[str]) -> list[str]:
     return out
 
 
+def first_bucket_bytes(bucket_bytes: int) -> int:
+    """The learners' first bucket: an eighth of the others (at least one byte). Nothing loads before the first bucket
+    has been packed and has crossed the wire whole, so a small one lets the engines start loading early; the later,
+    larger buckets arrive while they load (WeightReceiver posts bucket k+1 before handing out bucket k)."""
+    return max(1, bucket_bytes // 8)
+
+
 def make_manifest(named: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int,
-                  fuse: bool = False) -> Manifest:
-    """Group tensors (in order) into buckets of one dtype and at most `bucket_bytes` (a bigger tensor goes alone).
-    `fuse`: the sender pre-fuses what vLLM fuses: the tensors go in `fusion_order`, and the parts of one fused
-    parameter never straddle two buckets (a group bigger than `bucket_bytes` goes alone)."""
+                  fuse: bool = False, first_bytes: int | None = None) -> Manifest:
+    """Group tensors (in order) into buckets of one dtype and at most `bucket_bytes` (a bigger tensor goes alone);
+    the first at most `first_bytes` where given (`first_bucket_bytes`). `fuse`: the sender pre-fuses what vLLM fuses:
+    the tensors go in `fusion_order`, and the parts of one fused parameter never straddle two buckets (a group bigger
+    than the bucket goes alone)."""
     entries = [(name, tuple(shape), dtype) for name, shape, dtype in named]
     if fuse:
         by_name = {e[0]: e for e in entries}
@@ -128,7 +136,8 @@ def make_manifest(named: Iterable[tuple[str, tuple[int, ...], torch.dtype]], buc
         group = entries[i:j]
         key = str(entries[i][2]).removeprefix("torch.")
         nbytes = sum(_numel(shape) * dtype.itemsize for _, shape, dtype in group)
-        if not buckets or buckets[-1][0].dtype != key or size + nbytes > bucket_bytes:
+        limit = first_bytes if first_bytes is not None and len(buckets) == 1 else bucket_bytes
+        if not buckets or buckets[-1][0].dtype != key or size + nbytes > limit:
             buckets.append([])
             size = 0
         buckets[-1].extend(TensorMeta(name, shape, key) for name, shape, _ in group)

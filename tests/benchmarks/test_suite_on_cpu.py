@@ -225,7 +225,7 @@ def test_repeated_race_alternates_sides_pairs_speedups_and_keeps_a_sides_error(m
     monkeypatch.setattr(bench_trl, "run_child", fake_child)
     args = bench_trl.argparse.Namespace(model="tiny", prompts=2, n=4, steps=3, max_new_tokens=8,
                                         max_prompt_tokens=100, prompt_tokens=0, threads=2, repeats=3,
-                                        variants="shared_off,trl_vllm")
+                                        variants="shared_off,trl_vllm", no_trl=False)
     out = bench_trl.race_repeated(args, str(tmp_path))
     # alternating: every side once per repeat, the failed side tried once only
     assert calls == ["trl", "trl[trl_vllm]", "shop_r1", "shop_r1[shared_off]"] + ["trl", "shop_r1",
@@ -236,6 +236,18 @@ def test_repeated_race_alternates_sides_pairs_speedups_and_keeps_a_sides_error(m
     assert out["speedup_over_trl"]["shop_r1"]["median"] == 2.5
     assert out["speedup_over_trl"]["shop_r1[shared_off]"]["median"] == 2.0
     assert out["sides"]["shop_r1"]["peak_rss_gib"] == 1.5 and out["sides"]["trl"]["peak_rss_gib"] == 3.0
+    # each variant against shop-r1, paired by repeat: 4/2, 5/4, 6/3 -> 2, 1.25, 2 (median 2)
+    assert out["step_over_shop_r1"] == {"shop_r1[shared_off]": bench_trl.spread([2.0, 1.25, 2.0])}
+
+    # --no-trl: shop-r1 and its variants only, still alternating; a TRL variant asked for is refused
+    calls.clear()
+    out = bench_trl.race_repeated(bench_trl.argparse.Namespace(**{**vars(args), "variants": "shared_off",
+                                                                  "no_trl": True}), str(tmp_path))
+    assert calls == ["shop_r1", "shop_r1[shared_off]"] * 3
+    assert set(out["sides"]) == {"shop_r1", "shop_r1[shared_off]"} and out["speedup_over_trl"] == {}
+    assert out["step_over_shop_r1"]["shop_r1[shared_off]"]["median"] == 2.0
+    with pytest.raises(SystemExit, match="--no-trl"):
+        bench_trl.race_repeated(bench_trl.argparse.Namespace(**{**vars(args), "no_trl": True}), str(tmp_path))
 
 
 def test_repeated_race_refuses_an_unknown_variant(tmp_path):

@@ -127,17 +127,40 @@ def test_two_syncs_of_different_weights_land_in_the_engine(tiny_model_dir, weigh
     manifest = dataclasses.replace(manifest, zero_copy=zero_copy)  # weight_sync.zero_copy: a broadcast per tensor
     assert len(manifest.buckets) > 3
     sender = _connect(engine)
+    # When the CPU lm_head (tied to the embedding) is repacked: how many tensors the stream had handed out by then.
+    handed, repacks = [0], []
+    receive = engine._receiver.receive
+
+    def counting(manifest):
+        for item in receive(manifest):
+            handed[0] += 1
+            yield item
+
+    engine._receiver.receive = counting
+    lm_head = engine.llm.collective_rpc(lambda w: w.model_runner.get_model().lm_head)[0]  # in-process engine
+    method = lm_head.quant_method
+    repack = method.process_weights_after_loading
+    method.process_weights_after_loading = lambda layer: (repacks.append(handed[0]), repack(layer))[1]
+    tensors = sum(len(b) for b in manifest.buckets)
 
     ptrs = None
     for version, scale in ((1, 1.5), (2, -0.5)):
         sent = {n: t * scale + 0.01 * version for n, t in base}
+        handed[0], repacks[:] = 0, []
         stats, out = _sync(engine, sender, manifest, sent, version)
         assert out["bytes"] == manifest.num_bytes and engine.policy_version() == version
         assert min(stats.transfer_s, stats.load_s, stats.post_s, stats.reset_s) >= 0 and stats.load_s > 0
         assert stats.path == weight_load if weight_load == "in_place" else stats.path.startswith("layerwise")
         _assert_engine_holds(engine, sent)
+        _assert_engine_computes(engine, tiny_model_dir, sent)  # the lm_head's logits from the new embedding
+        assert handed[0] == tensors
         if cpu_linear == "torch":
-            _assert_engine_computes(engine, tiny_model_dir, sent)
+            assert repacks == []  # a plain lm_head computes from the parameter
+        elif weight_load == "in_place":
+            # once, as soon as the embedding (the stream's first tensor) is in, while the rest is still to come
+            assert repacks == [1]
+        else:
+            assert repacks[-1] == tensors  # vLLM's layerwise reload: after the stream
 
         now = [t.data_ptr() for pool in engine._receiver.pools.values() for t in pool]
         if ptrs is not None:

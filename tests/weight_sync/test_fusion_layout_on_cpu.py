@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from shop_r1.weight_sync.broadcast import fused_target, fusion_order, make_manifest
+from shop_r1.weight_sync.broadcast import first_bucket_bytes, fused_target, fusion_order, make_manifest
 
 QWEN2_LAYER = ["model.embed_tokens.weight",
                "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",
@@ -57,3 +57,22 @@ def test_a_fused_group_never_straddles_two_buckets():
     small = make_manifest(named, bucket_bytes=1000, fuse=True)
     assert len(small.buckets) == 1 and [m.name for m in small.buckets[0]] == [
         "x.norm.weight", "x.q_proj.weight", "x.k_proj.weight", "x.v_proj.weight", "x.o_proj.weight"]
+
+
+def test_the_first_bucket_is_small_so_the_engine_starts_loading_early():
+    # the same tensors (40, 160, 80, 80, 40 bytes); buckets of 400 bytes, the first of at most 50
+    named = [("x.norm.weight", (10,), torch.float32),
+             ("x.q_proj.weight", (4, 10), torch.float32), ("x.k_proj.weight", (2, 10), torch.float32),
+             ("x.v_proj.weight", (2, 10), torch.float32), ("x.o_proj.weight", (10,), torch.float32)]
+    assert first_bucket_bytes(400) == 50 and first_bucket_bytes(256 << 20) == 32 << 20 and first_bucket_bytes(3) == 1
+    first = make_manifest(named, bucket_bytes=400, fuse=True, first_bytes=first_bucket_bytes(400))
+    # the norm alone (40 bytes; the q/k/v group would make 360 > 50), then the rest up to 400 bytes a bucket
+    assert [[m.name for m in b] for b in first.buckets] == [
+        ["x.norm.weight"], ["x.q_proj.weight", "x.k_proj.weight", "x.v_proj.weight", "x.o_proj.weight"]]
+    # a first tensor bigger than the first bucket's bound goes alone; the order and the bytes are unchanged
+    tight = make_manifest(named, bucket_bytes=400, fuse=True, first_bytes=8)
+    assert [[m.name for m in b] for b in tight.buckets] == [[m.name for m in b] for b in first.buckets]
+    same = make_manifest(named, bucket_bytes=400, fuse=True)  # without: all 400 bytes in one bucket
+    assert [[m.name for m in b] for b in same.buckets] == [
+        ["x.norm.weight", "x.q_proj.weight", "x.k_proj.weight", "x.v_proj.weight", "x.o_proj.weight"]]
+    assert first.num_bytes == tight.num_bytes == same.num_bytes == 400
