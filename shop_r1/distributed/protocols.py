@@ -41,7 +41,8 @@ class SyncStats:
     load_s: float = 0.0
     """The engine's loader taking the tensors into the model."""
     post_s: float = 0.0
-    """The rest of the engine's reload: vLLM's layerwise set-up and finalisation, the tied lm_head's repack."""
+    """The rest of the engine's reload: vLLM's layerwise set-up and finalisation, and there the CPU lm_head's repack
+    (the in-place path repacks it during the load, as soon as its weight arrives)."""
     reset_s: float = 0.0
     """The engine's prefix-cache reset."""
     load_path: str = ""

@@ -3,7 +3,8 @@
 `onednn` (vLLM's own): when a layer's weight is loaded, vLLM's `dispatch_cpu_unquantized_gemm` repacks it into the
 blocked layout of its CPU kernel (oneDNN, or sgl's for small matrices), drops the parameter, and the kernel reads the
 packed copy. A weight update must repeat that repack for every linear layer and for the tied lm_head: on SmolLM2-135M
-about 230 ms + 80 ms of one core per sync (the load and post phases, benchmarks/README.md "Weight sync").
+about 215 ms of one core per sync (134 ms for the linear layers, 82 ms for the lm_head; benchmarks/README.md
+"Weight sync").
 
 `torch`: the weight stays a plain parameter and `torch.nn.functional.linear` computes from it (torch's own GEMM), so
 an in-place weight update is a copy into the parameter and the lm_head needs nothing after it. What it costs in

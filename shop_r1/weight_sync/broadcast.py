@@ -216,8 +216,9 @@ class SentBytes(int):
 class ReceiveStats:
     """One engine's side of a sync, in seconds: `transfer_s` blocked waiting for bucket bytes (the wire not hidden
     behind loading, and the sender's gather and packing it waited for), `load_s` handing the tensors to the model's
-    loader, `post_s` the rest of the reload (vLLM's layerwise set-up and finalisation, the tied lm_head's repack),
-    `reset_s` the prefix-cache reset. Their sum is the engine's whole receive. `path`: how the engine loaded
+    loader, `post_s` the rest of the reload (vLLM's layerwise set-up and finalisation, and there the CPU lm_head's
+    repack; the in-place path repacks it during the load, as soon as its weight arrives), `reset_s` the prefix-cache
+    reset. Their sum is the engine's whole receive. `path`: how the engine loaded
     (`in_place`, or `layerwise (why)`: rollout.weight_load)."""
 
     transfer_s: float = 0.0
