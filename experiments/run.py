@@ -93,9 +93,10 @@ def seed_overrides(root: Path, k: int) -> tuple[str, ...]:
 # Keys that do not change a result: a workspace made with other values of these is still the same experiment.
 NOT_RESULTS = ("run_dir", "storage_uri", "logging.", "ray.")
 SAME_RESULTS = ("learner.attention", "learner.shared_prompt", "learner.pack_sequences", "learner.last_layer_at_targets",
-                "learner.max_tokens_per_micro_batch")
+                "learner.max_tokens_per_micro_batch", "data.synthetic")
 """How the learner lays out and runs its forwards: the same logprobs and gradients (tested), so a workspace or a
-carried table made before one of these changed (e.g. learner.attention's default) is the same experiment."""
+carried table made before one of these changed (e.g. learner.attention's default) is the same experiment.
+`data.synthetic` only permits the synthetic shop that an empty data.sessions_path always meant before it existed."""
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, object]:

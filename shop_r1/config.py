@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from shop_r1.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config key that does not exist, or a value that does not fit the field's type or range."""
 
 
@@ -165,9 +167,13 @@ class DataConfig:
     """Sessions to train on: a `.jsonl` file (one session a line), a `.parquet` file (one session a row, columns
     `session_id` and `steps`), or a folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict with
     one split or a `train` split). All are validated alike; errors name `FILE:LINE` or `SOURCE row N` (N from 0).
-    Empty means synthesize `synth_num_sessions` sessions with `synth_seed`."""
+    Empty needs `synthetic: true`: a run is never trained on the toy shop by accident."""
+    synthetic: bool = False
+    """Ask for the synthetic shop on purpose: with no `sessions_path`, synthesize `synth_num_sessions` sessions with
+    `synth_seed` (the laptop demos, the tests, the GPU smoke run). False (the paper's configs): a run with no
+    `sessions_path` stops before it starts, naming the key. Setting both is an error."""
     synth_num_sessions: int = bounded(400, ge=1)
-    """Sessions the synthetic shop generates when no `sessions_path` is given."""
+    """Sessions the synthetic shop generates when `synthetic` is true."""
     synth_seed: int = 0
     """Seed of the synthetic shop (any int)."""
     synth_version: int = bounded(2, ge=1, le=4)
@@ -451,6 +457,9 @@ class RayConfig:
     """Empty: start a local Ray cluster for this command. 'auto' or ray://...: attach (e.g. under `ray job submit`)."""
     num_cpus: int = bounded(0, ge=0)
     """Logical CPUs of a local cluster (0: this machine's cores, at least 6 so a GRPO run's workers all fit)."""
+    num_gpus: int = bounded(-1, ge=-1)
+    """Logical GPUs of a local cluster (-1: the GPUs Ray detects). Set it to plan a GPU run on a machine without
+    them (`--dry-run` with ray.num_gpus=8 checks an 8-GPU placement), never to train."""
     local_mode: bool = False
     """Run every worker in this process, no Ray at all (unit tests, debugging); same typed methods."""
 
@@ -600,6 +609,12 @@ class LoggingConfig:
     wandb: bool = True
     """Log to wandb too (offline files in the run folder unless WANDB_MODE=online)."""
     wandb_project: str = "shop-r1"
+    """The wandb project."""
+    wandb_entity: str = ""
+    """The wandb entity (team or user); empty: your default entity."""
+    run_name: str = ""
+    """The wandb run group of this run folder (every stage of one pipeline is one run in it, its job type the
+    stage: sft, grpo); empty: the run folder's name. The runs are named GROUP-STAGE."""
     console_every: int = bounded(1, ge=0)
     """Print a progress line every this many steps (0: never)."""
 
@@ -826,6 +841,19 @@ def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset
     return problems
 
 
+def check_sessions_source(data: DataConfig) -> None:
+    """A run that reads sessions (`shop-r1 pipeline`) must say where they come from: `data.sessions_path`, or the
+    synthetic shop asked for on purpose with `data.synthetic=true`. Not run by `load_config`: `data build`, `sft`
+    and `train` read files given on their command lines."""
+    if data.sessions_path and data.synthetic:
+        raise ConfigError(f"data.sessions_path={data.sessions_path!r} and data.synthetic=true: give one source of "
+                          "sessions (drop data.synthetic to train on the file)")
+    if not data.sessions_path and not data.synthetic:
+        raise ConfigError("data.sessions_path is empty: give your sessions (data.sessions_path=FILE.jsonl, .parquet "
+                          "or a datasets folder; README \"Your own sessions\"), or ask for the synthetic shop on "
+                          "purpose with data.synthetic=true")
+
+
 def check_context_budget(cfg: Config, max_model_len: int,
                          stages: tuple[Literal["sft", "rl", "eval"], ...] = ("sft", "rl", "eval")) -> None:
     """Raise one `ConfigError` listing every token budget of `stages` that does not fit the model's context,
@@ -914,6 +942,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if value is None:  # `ray.address=` on the command line, `address:` in YAML: the empty string
+            return ""
         if key in CPU_LIST_KEYS and isinstance(value, int) and not isinstance(value, bool):
             return str(value)  # `rollout.cpu_cores=0`: YAML reads a one-core list as a number
         raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -937,7 +967,11 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             mapping = ", ".join(f"{key}={a} is {new}={b}" for a, b in values.items())
             raise ConfigError(f"{key}: replaced by {new} ({mapping})")
         if k not in names:
-            raise ConfigError(f"{key}: unknown config key (known in this section: {sorted(names)})")
+            import difflib
+
+            close = difflib.get_close_matches(str(k), sorted(names), n=1)
+            hint = f"did you mean {prefix + '.' if prefix else ''}{close[0]}? " if close else ""
+            raise ConfigError(f"{key}: unknown config key ({hint}known in this section: {sorted(names)})")
         kwargs[k] = _coerce(v, hints[k], key)
     return cls(**kwargs)
 
@@ -967,8 +1001,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
     tree: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:  # missing, a folder, unreadable: the user's path, named
+            raise ConfigError(f"--config {path}: cannot read it ({exc.strerror or exc})") from exc
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            line = f":{where.line + 1}" if where is not None else ""
+            raise ConfigError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config sections")
         tree = loaded

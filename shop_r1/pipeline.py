@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shop_r1.config import Config, check_context_budget, config_to_dict
+from shop_r1.config import Config, ConfigError, check_context_budget, check_sessions_source, config_to_dict
 from shop_r1.run_config import HARMLESS, check_resume, flatten, start_run_config
 from shop_r1.stages import Ledger, file_fingerprint, stage_key
 from shop_r1.storage import mirror_or_warn, mirror_run
@@ -146,7 +146,7 @@ def _val_prompts(cfg: Config, model_dir: str, built: StageData) -> list | None:
     if not cfg.rl.val_every:
         return None
     if not built.rl_val_path:
-        raise ValueError("rl.val_every > 0 needs a validation split: set data.val_fraction > 0")
+        raise ConfigError("rl.val_every > 0 needs a validation split: set data.val_fraction > 0")
     prompts = _rl_prompts(cfg, model_dir, built.rl_val_path)
     return random.Random(cfg.seed).sample(prompts, min(cfg.rl.val_examples, len(prompts)))
 
@@ -166,6 +166,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.sft import run_sft
     from shop_r1.train import run_grpo
 
+    check_sessions_source(cfg.data)  # before the run folder, the model or Ray: a config meant for real data stops here
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     if (run / "config.yaml").exists():  # a re-run: changed stages run again (their keys say so); record the changes
@@ -197,7 +198,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     eval_path = built.rl_test_path
     if cfg.eval.split == "val":
         if not built.rl_val_path:
-            raise ValueError("eval.split=val needs a validation split: set data.val_fraction > 0")
+            raise ConfigError("eval.split=val needs a validation split: set data.val_fraction > 0")
         eval_path = built.rl_val_path
         print(f"  evaluating on the validation split ({built.num_rl_val} examples), not the test split")
     if not cfg.data.sessions_path and cfg.data.synth_version >= 2 and cfg.data.persona:

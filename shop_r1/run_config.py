@@ -14,7 +14,7 @@ Which keys may change on resume. `HARMLESS` is an allow-list of dotted keys and 
 change leaves the experiment as it was — how long it runs, how often it saves and logs, where it writes, what
 resources and timeouts it gets, what the evaluations read:
 
-    run_dir, storage_uri, logging.*, ray.*, eval.*,
+    run_dir, storage_uri, logging.*, ray.*, eval.*, data.synthetic (a permission: the sessions are data.synth_*),
     weight_sync.* (how the weights travel, not which weights: the engines receive the same tensors),
     rl.steps (GRPO's learning rate has no schedule over rl.steps; if it gets one, take rl.steps off the list),
     rl.checkpoint_every, rl.keep_checkpoints, rl.max_restarts, rl.max_nonfinite_steps, rl.weight_sync_bucket_mb,
@@ -61,7 +61,7 @@ ABSENT = "<absent>"
 """Stands for a key one of the two configs does not have (a field added or removed since the run started)."""
 
 HARMLESS: tuple[str, ...] = (
-    "run_dir", "storage_uri", "logging.", "ray.", "eval.", "reward_pool.", "weight_sync.",
+    "run_dir", "storage_uri", "logging.", "ray.", "eval.", "reward_pool.", "weight_sync.", "data.synthetic",
     "rl.steps", "rl.checkpoint_every", "rl.keep_checkpoints", "rl.max_restarts", "rl.max_nonfinite_steps",
     "rl.weight_sync_bucket_mb", "rl.check_weight_sync", "rl.val_every", "rl.val_examples",
     "sft.checkpoint_every", "sft.keep_checkpoints", "sft.max_restarts", "sft.max_nonfinite_steps",

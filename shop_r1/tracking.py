@@ -51,8 +51,10 @@ class Tracker:
         if cfg.wandb:
             import wandb
 
-            self._wandb = wandb.init(project=cfg.wandb_project, name=f"{Path(run_dir).name}-{name}",
-                                     dir=str(Path(run_dir)), config=dict(config or {}),
+            group = cfg.run_name or Path(run_dir).resolve().name  # one group per pipeline, a run per stage
+            self._wandb = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity or None, group=group,
+                                     job_type=name, name=f"{group}-{name}", dir=str(Path(run_dir)),
+                                     config=dict(config or {}),
                                      mode=os.environ.get("WANDB_MODE", "offline"), reinit="finish_previous")
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -381,7 +381,7 @@ def test_run_dir_from_yaml_is_checked(home, tmp_path):
     path.write_text("run_dir: '~'\n")  # quoted: a bare ~ is YAML's null (a type error naming run_dir)
     with pytest.raises(ConfigError, match=r"run_dir='~' resolves to .*\(the home directory\)"):
         load_config(path)
-    with pytest.raises(ConfigError, match=r"run_dir: expected a string, got None"):
+    with pytest.raises(ConfigError, match=r"run_dir='' is empty"):  # YAML's null: a str key's empty value
         load_config(None, ["run_dir=~"])
 
 

@@ -25,6 +25,7 @@ from shop_r1.data.examples import (
 )
 from shop_r1.data.sessions import load_sessions, split_sessions
 from shop_r1.data.stats import RLExampleStats, SessionStats, rl_example_stats, session_stats
+from shop_r1.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_sessions(sessions_path, skip_bad_lines=cfg.skip_bad_lines)
     if len(loaded.sessions) < 2:  # a split needs a session on each side
-        raise ValueError(f"{sessions_path}: {len(loaded.sessions)} usable session(s)"
+        raise DataError(f"{sessions_path}: {len(loaded.sessions)} usable session(s)"
                          + (f" ({loaded.num_bad_lines} bad lines skipped)" if loaded.num_bad_lines else "")
                          + ": building train and held-out examples needs at least 2")
     split = split_sessions(loaded.sessions, cfg.test_fraction, seed)

@@ -30,6 +30,7 @@ from shop_r1.data.prompts import (
     system_prompt,
 )
 from shop_r1.data.sessions import write_jsonl_atomic
+from shop_r1.errors import DataError
 from shop_r1.types import ACTION_TYPES, Action, Message, RLExample, Session, SFTExample
 
 TokenCounter = Callable[[Sequence[Message]], int]
@@ -187,12 +188,12 @@ def write_examples_jsonl(examples: Sequence[RLExample] | Sequence[SFTExample], p
 
 def _messages(obj: Any, where: str) -> tuple[Message, ...]:
     if not isinstance(obj, list) or not obj:
-        raise ValueError(f"{where}: expected a non-empty list of messages")
+        raise DataError(f"{where}: expected a non-empty list of messages")
     out = []
     for i, m in enumerate(obj):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
                 or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}[{i}]: expected {{role: system|user|assistant, content: str}}")
+            raise DataError(f"{where}[{i}]: expected {{role: system|user|assistant, content: str}}")
         out.append(Message(m["role"], m["content"]))
     return tuple(out)
 
@@ -204,9 +205,9 @@ def _read_jsonl(path: str | Path, parse: Callable[[Any, str], Any]) -> list[Any]
 def _rl_from_dict(obj: dict[str, Any], where: str) -> RLExample:
     for key in ("example_id", "session_id"):
         if not isinstance(obj.get(key), str):
-            raise ValueError(f"{where}: {key}: expected a string")
+            raise DataError(f"{where}: {key}: expected a string")
     if not isinstance(obj.get("step_index"), int):
-        raise ValueError(f"{where}: step_index: expected an int")
+        raise DataError(f"{where}: step_index: expected an int")
     return RLExample(obj["example_id"], obj["session_id"], obj["step_index"], _messages(obj.get("prompt"),
                      f"{where}: prompt"), Action.from_dict(obj.get("target"), f"{where}: target"),
                      obj.get("target_rationale"), int(obj.get("num_dropped_pages", 0)))
@@ -214,10 +215,10 @@ def _rl_from_dict(obj: dict[str, Any], where: str) -> RLExample:
 
 def _sft_from_dict(obj: dict[str, Any], where: str) -> SFTExample:
     if not isinstance(obj.get("session_id"), str):
-        raise ValueError(f"{where}: session_id: expected a string")
+        raise DataError(f"{where}: session_id: expected a string")
     last_only = obj.get("train_last_turn_only", False)
     if not isinstance(last_only, bool):
-        raise ValueError(f"{where}: train_last_turn_only: expected a bool")
+        raise DataError(f"{where}: train_last_turn_only: expected a bool")
     return SFTExample(obj["session_id"], _messages(obj.get("messages"), f"{where}: messages"), last_only)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shop_r1.errors import DataError
+
 
 @dataclass(frozen=True)
 class SourceRow:
@@ -48,8 +50,8 @@ def read_jsonl_objects(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]
     """(where, object) per line; a line that is not a JSON object raises ValueError naming FILE:LINE."""
     for line in read_jsonl(path):
         if line.error is not None:
-            raise ValueError(f"{line.where}: {line.error}")
+            raise DataError(f"{line.where}: {line.error}")
         if not isinstance(line.value, dict):
             # A bad line of data, reported like the other bad lines (callers catch ValueError), not a TypeError.
-            raise ValueError(f"{line.where}: expected a JSON object")  # noqa: TRY004
+            raise DataError(f"{line.where}: expected a JSON object")  # noqa: TRY004
         yield line.where, line.value

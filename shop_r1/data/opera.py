@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shop_r1.errors import DataError
 from shop_r1.types import Action, Session, Step
 
 REQUIRED_COLUMNS = ("session_id", "action_id", "timestamp", "action_type", "semantic_id", "simplified_html",
@@ -35,7 +36,7 @@ class ConvertedOpera:
 def _need_str(row: dict[str, Any], column: str, where: str) -> str:
     value = row.get(column)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: column {column!r} must be a non-empty string for a {row['action_type']} row, "
+        raise DataError(f"{where}: column {column!r} must be a non-empty string for a {row['action_type']} row, "
                          f"got {value!r}")
     return value
 
@@ -47,7 +48,7 @@ def _row_to_step(row: dict[str, Any], where: str) -> Step | None:
     elif kind == "input":
         text = row.get("input_text")
         if not isinstance(text, str):
-            raise ValueError(f"{where}: column 'input_text' must be a string for an input row, got {text!r}")
+            raise DataError(f"{where}: column 'input_text' must be a string for an input row, got {text!r}")
         action = Action("type_and_submit", name=_need_str(row, "semantic_id", where), text=text)
     elif kind == "terminate":
         action = Action("terminate")
@@ -55,7 +56,7 @@ def _row_to_step(row: dict[str, Any], where: str) -> Step | None:
         return None
     html = row.get("simplified_html")
     if not isinstance(html, str):
-        raise ValueError(f"{where}: column 'simplified_html' must be a string, got {type(html).__name__}")
+        raise DataError(f"{where}: column 'simplified_html' must be a string, got {type(html).__name__}")
     rationale = row.get("rationale")
     rationale = rationale if isinstance(rationale, str) and rationale.strip() else None
     return Step(observation=html, action=action, rationale=rationale)
@@ -67,7 +68,7 @@ def convert_opera(parquet_path: str | Path) -> ConvertedOpera:
     table = pq.read_table(parquet_path)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"{parquet_path}: missing OPeRA columns {missing} (has {table.column_names})")
+        raise DataError(f"{parquet_path}: missing OPeRA columns {missing} (has {table.column_names})")
     optional = [c for c in OPTIONAL_COLUMNS if c in table.column_names]
     rows = table.select(list(REQUIRED_COLUMNS) + optional).to_pylist()
     by_session: dict[str, list[dict[str, Any]]] = {}

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shop_r1.data.sessions import load_sessions, session_from_dict, write_sessions
+from shop_r1.errors import DataError
 from shop_r1.types import Session
 
 PAGE_CHAR_BUDGET = 6000
@@ -264,7 +265,7 @@ def _check_resumed(got: Session, want: Session, where: str) -> None:
             if problem:
                 break
     if problem:
-        raise ValueError(f"{where}: {problem}; this partial output is not from this input — remove it or pass "
+        raise DataError(f"{where}: {problem}; this partial output is not from this input — remove it or pass "
                          "overwrite=True (--overwrite)")
 
 
@@ -280,10 +281,10 @@ def _read_partial(path: Path, sessions: tuple[Session, ...]) -> dict[int, Sessio
         try:
             obj = json.loads(raw)
         except ValueError as e:  # only the last line can be torn by a kill; this one ended cleanly
-            raise ValueError(f"{where}: damaged line ({e}); remove the file or pass overwrite=True") from None
+            raise DataError(f"{where}: damaged line ({e}); remove the file or pass overwrite=True") from None
         index = obj.get("index") if isinstance(obj, dict) else None
         if not isinstance(index, int) or not 0 <= index < len(sessions) or index in done:
-            raise ValueError(f"{where}: index {index!r} is not a new position in the input's {len(sessions)} "
+            raise DataError(f"{where}: index {index!r} is not a new position in the input's {len(sessions)} "
                              "sessions; remove the file or pass overwrite=True")
         got = session_from_dict(obj.get("session"), where)
         _check_resumed(got, sessions[index], where)

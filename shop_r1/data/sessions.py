@@ -20,6 +20,7 @@ from typing import Any
 
 from shop_r1.atomic import open_atomic
 from shop_r1.data.jsonl import SourceRow, read_jsonl
+from shop_r1.errors import DataError
 from shop_r1.types import Action, Session, Step
 
 SESSION_SOURCES = ("a .jsonl file (one session a line), a .parquet file, or a folder written by datasets' "
@@ -27,7 +28,7 @@ SESSION_SOURCES = ("a .jsonl file (one session a line), a .parquet file, or a fo
 _ARROW_BATCH_ROWS = 1024  # Parquet/Arrow rows turned into Python objects at a time: memory stays flat on big files
 
 
-class SessionFormatError(ValueError):
+class SessionFormatError(DataError):
     """A session row that does not fit the schema; the message starts with its place (`FILE:LINE` for JSONL,
     `SOURCE row N` otherwise), then the field."""
 
@@ -85,7 +86,7 @@ def read_session_rows(path: str | Path) -> Iterator[SourceRow]:
         return read_jsonl(path)
     if suffix == ".parquet":
         return _parquet_rows(path)
-    raise ValueError(f"{path}: unknown sessions format ({suffix or 'no suffix'}); sessions come as {SESSION_SOURCES}")
+    raise DataError(f"{path}: unknown sessions format ({suffix or 'no suffix'}); sessions come as {SESSION_SOURCES}")
 
 
 def _parquet_rows(path: str | Path) -> Iterator[SourceRow]:
@@ -95,7 +96,7 @@ def _parquet_rows(path: str | Path) -> Iterator[SourceRow]:
     try:
         parquet = pq.ParquetFile(path)
     except pa.ArrowInvalid as e:
-        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
 
     def batches() -> Iterator[Any]:
         with parquet:  # closed when the rows run out (or the reader is dropped)
@@ -111,7 +112,7 @@ def _saved_dataset_rows(path: str | Path) -> Iterator[SourceRow]:
     p = Path(path)
     if not (p / ds_config.DATASET_STATE_JSON_FILENAME).is_file() \
             and not (p / ds_config.DATASETDICT_JSON_FILENAME).is_file():
-        raise ValueError(f"{path}: a folder, but not one written by datasets' save_to_disk (no "
+        raise DataError(f"{path}: a folder, but not one written by datasets' save_to_disk (no "
                          f"{ds_config.DATASET_STATE_JSON_FILENAME} or {ds_config.DATASETDICT_JSON_FILENAME}); "
                          f"sessions come as {SESSION_SOURCES}")
     data = load_from_disk(str(p))
@@ -119,7 +120,7 @@ def _saved_dataset_rows(path: str | Path) -> Iterator[SourceRow]:
     if isinstance(data, DatasetDict):
         splits = list(data)
         if len(splits) != 1 and "train" not in splits:
-            raise ValueError(f"{path}: a DatasetDict with splits {splits}: sessions are read from its only split "
+            raise DataError(f"{path}: a DatasetDict with splits {splits}: sessions are read from its only split "
                              "or its 'train' split; save the split to use on its own (dd[name].save_to_disk(...))")
         split = splits[0] if len(splits) == 1 else "train"
         data, source = data[split], f"{path}[{split}]"

@@ -77,9 +77,11 @@ def start_ray(cfg: RayConfig) -> RayRuntime:
                  logging_level=_ray_logging_level())
         return RayRuntime(local_mode=False, started_here=True, address=address)
     # A private cluster for this command, on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from
-    # binding the external interface on this kind of machine).
+    # binding the external interface on this kind of machine). address="local": never the cluster a `ray start
+    # --head` on this machine left in /tmp/ray/ray_current_cluster, which a bare ray.init() would attach to.
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, MIN_LOCAL_CPUS), include_dashboard=False,
+    ray.init(address="local", num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, MIN_LOCAL_CPUS),
+             num_gpus=cfg.num_gpus if cfg.num_gpus >= 0 else None, include_dashboard=False,
              _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": actor_env()}, log_to_driver=True, logging_level=_ray_logging_level())
     return RayRuntime(local_mode=False, started_here=True, address="local-cluster")

@@ -105,7 +105,13 @@ def test_update_logits_makes_no_forward_before_the_update_and_ends_the_step_as_l
     o_rewards = [r for s in o_scored for r in s.rewards]
     assert [r.format_valid for r in o_rewards] == [False, False, True, True, True, True]
     assert [r.self_certainty for r in o_rewards] == pytest.approx([r.self_certainty for r in t_rewards], rel=1e-6)
-    assert [r.total for r in o_rewards] == pytest.approx([r.total for r in t_rewards], rel=1e-12)
+    # A total is format + action + alpha * s(r), so it carries alpha times s(r)'s error (rel 1e-6 above, from two
+    # float32 forwards summed in different orders): e.g. 0.5000651445239782 vs ...286348 on an AVX2 EPYC, 9.3e-12
+    # apart, within alpha * 1e-6 * s = 0.005 * 1e-6 * 0.013 = 6.5e-11; the rest of the total is the same float64 sum.
+    alpha = load_config(None).reward.alpha
+    sc_err = [alpha * 1e-6 * abs(r.self_certainty) + 1e-15 for r in t_rewards]
+    for i, (o, t, err) in enumerate(zip(o_rewards, t_rewards, sc_err)):
+        assert abs(o.total - t.total) <= err, (i, o.total, t.total)
     assert all(r.self_certainty > 0 for r in o_rewards[2:])
     assert o_adv.zero_signal.tolist() == t_adv.zero_signal.tolist() == [True, False, False]
     torch.testing.assert_close(o_adv.advantages, t_adv.advantages, rtol=1e-6, atol=1e-9)
@@ -119,7 +125,7 @@ def test_update_logits_makes_no_forward_before_the_update_and_ends_the_step_as_l
     t_metrics, o_metrics = _metrics(t_scored, t_adv, t_update), _metrics(o_scored, o_adv, o_update)
     assert o_metrics.keys() == t_metrics.keys() and "timing/advantages" in o_metrics
     assert o_metrics["train/zero_signal_groups"] == 1 and o_metrics["train/skipped_update"] == 0.0
-    assert o_metrics["reward/total"] == pytest.approx(t_metrics["reward/total"], rel=1e-12)
+    assert abs(o_metrics["reward/total"] - t_metrics["reward/total"]) <= max(sc_err)  # a mean of the totals above
     t_records = rollout_records(1, t_scored, t_adv.advantages.tolist())
     o_records = rollout_records(1, o_scored, o_adv.advantages.tolist())
     assert [r["samples"][1]["reward"].keys() for r in o_records] == [r["samples"][1]["reward"].keys()
