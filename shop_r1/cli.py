@@ -87,10 +87,14 @@ def _mirror(cfg) -> None:
 
 
 def _model(args: argparse.Namespace, cfg, command: str, what: str) -> str:
+    from shop_r1.models.hub import resolve_model_path
+
     model = args.model or cfg.model.path
     if not model:
         raise UserError(f"{command}: give --model DIR ({what}) or model.path=DIR")
-    return model
+    if getattr(args, "dry_run", False):
+        return model  # a hub id is sized from its config.json alone (_dry_run); nothing is downloaded
+    return resolve_model_path(model, cfg.run_dir)
 
 
 def cmd_data_synth(args: argparse.Namespace) -> None:
@@ -269,9 +273,11 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> None:
+    from shop_r1.config import check_sessions_source
     from shop_r1.pipeline import run_pipeline
 
     cfg = _config(args)
+    check_sessions_source(cfg.data)  # first: before --dry-run reads the model folder or attaches to Ray
     if args.dry_run:
         return _dry_run(args, cfg, "pipeline", cfg.model.path or None)
     run_pipeline(cfg)
@@ -291,8 +297,13 @@ def _dry_run(args: argparse.Namespace, cfg, stage: str, model: str | None) -> No
     """Check and plan, start nothing: exit 0 only when the run can start (shop_r1/plan.py)."""
     from shop_r1.distributed.placement_plan import try_placement
     from shop_r1.distributed.runtime import ray_runtime
+    from shop_r1.models.hub import hub_config, is_hub_id
     from shop_r1.plan import check_gpu_memory, model_shape, plan_run
 
+    if model is not None and is_hub_id(model):
+        print(f"model: {model} is a Hugging Face id: the run downloads it once into "
+              f"{Path(cfg.run_dir) / 'hub'}; sized here from its config.json")
+        model = str(hub_config(model))
     if model is not None and not Path(model).is_dir():
         raise UserError(f"model.path={model}: no such folder (every node must see it: a shared filesystem path)")
     max_len = cfg.model.max_context_tokens

@@ -63,8 +63,10 @@ def prepare_model(cfg: Config, run: Path | None = None) -> Path:
     finished build is reused), or the embedded SmolLM2 default."""
     from shop_r1.models.smollm2 import import_smollm2
 
-    if cfg.model.path:
-        return Path(cfg.model.path)
+    if cfg.model.path:  # a folder, or a Hugging Face id downloaded once into the run folder (the driver only)
+        from shop_r1.models.hub import resolve_model_path
+
+        return Path(resolve_model_path(cfg.model.path, run if run is not None else cfg.run_dir))
     if cfg.model.from_scratch:
         from shop_r1.models.tiny import build_tiny_model, default_corpus
 
@@ -77,6 +79,15 @@ def prepare_model(cfg: Config, run: Path | None = None) -> Path:
                              num_layers=cfg.model.scratch_num_layers)
         return out
     return import_smollm2(default_model_dir())
+
+
+def _model_input(path: str) -> dict[str, str]:
+    """The model stage's outside input: a folder's bytes, or a hub id itself (its files arrive at the stage)."""
+    from shop_r1.models.hub import is_hub_id
+
+    if not path:
+        return {}
+    return {"model.path": f"hub:{path}" if is_hub_id(path) else file_fingerprint(path)}
 
 
 def prepare_sessions(cfg: Config, run: Path) -> Path:
@@ -177,8 +188,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     ledger = Ledger.open(run)
 
     with _stage("model", cfg):
-        k_model = stage_key("model", _config_slice(cfg, "model"),
-                            inputs={"model.path": file_fingerprint(cfg.model.path)} if cfg.model.path else {})
+        k_model = stage_key("model", _config_slice(cfg, "model"), inputs=_model_input(cfg.model.path))
         model_dir = Path(ledger.run("model", k_model, lambda resume: {"dir": str(prepare_model(cfg, run))})["dir"])
         print(f"  policy model: {model_dir}")
         # Prompt + answer must fit the model's context: said here, before any stage tokenizes or trains.
