@@ -103,7 +103,10 @@ def model_shape(model_dir: str | Path) -> ModelShape:
         raise ConfigError(f"{path}: not a decoder config this plan can size (missing {exc})") from exc
 
 
-def _dtype_bytes(dtype: str) -> int:
+def _dtype_bytes(dtype: str, on_gpu: bool) -> int:
+    """`auto` is bf16 on a GPU (the learner's and the engine's own choice), fp32 on CPU."""
+    if dtype == "auto":
+        return 2 if on_gpu else 4
     return 2 if dtype in ("bfloat16", "float16", "bf16", "fp16", "half") else 4
 
 
@@ -112,7 +115,7 @@ def learner_memory(cfg: Config, shape: ModelShape) -> dict[str, float]:
     under bf16) and the frozen reference policy, each divided by the ranks where the ZeRO stage (or FSDP2) shards it;
     an offloaded optimizer holds no GPU memory."""
     lc = cfg.learner
-    p, b, n = shape.num_params, _dtype_bytes(lc.dtype), lc.num_ranks
+    p, b, n = shape.num_params, _dtype_bytes(lc.dtype, lc.num_gpus_per_rank > 0), lc.num_ranks
     stage = 3 if lc.backend == "fsdp2" else lc.zero_stage
     shard = {part: (n if stage >= level else 1) for part, level in (("weights", 3), ("gradients", 2),
                                                                    ("optimizer", 1))}
@@ -127,7 +130,7 @@ def engine_memory(cfg: Config, shape: ModelShape, max_len: int) -> tuple[dict[st
     sequence per sample of a rollout batch's share; the note says how many full-context sequences fit what vLLM is
     allowed to take (rollout.gpu_memory_utilization of the card)."""
     rc = cfg.rollout
-    b, tp = _dtype_bytes(rc.dtype), max(rc.tensor_parallel_size, 1)
+    b, tp = _dtype_bytes(rc.dtype, rc.num_gpus_per_engine > 0), max(rc.tensor_parallel_size, 1)
     weights = shape.num_params * b / tp
     per_seq = shape.kv_bytes_per_token_per_byte * b * max_len / tp
     batch_share = -(-cfg.rl.global_batch_size // max(rc.num_engines, 1))  # samples an engine holds at once

@@ -254,11 +254,11 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repor
     if not run.is_dir():
         raise FileNotFoundError(f"report: no run folder at {run}")
     out = Path(out_dir) if out_dir is not None else run / "report"
-    out.mkdir(parents=True, exist_ok=True)
     grpo_path, sft_path = run / "metrics_grpo.jsonl", run / "metrics_sft.jsonl"
     rows = eval_rows(run)
     if not grpo_path.exists() and not sft_path.exists() and not rows:
         raise FileNotFoundError(f"report: {run} has no metrics_grpo.jsonl, metrics_sft.jsonl or eval/*/metrics.json")
+    out.mkdir(parents=True, exist_ok=True)  # after the check: an empty folder is left as it was
 
     md = [f"# shop-r1 run report: `{run.resolve().name}`", ""]
     plots: list[Path] = []

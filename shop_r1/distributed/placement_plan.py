@@ -15,7 +15,8 @@ from shop_r1.plan import ActorGroup
 
 def shortfalls(groups: Sequence[ActorGroup], cluster: Mapping[str, float]) -> list[str]:
     """The groups that do not fit what `cluster` offers once the groups before them took theirs, one line each:
-    'learner: 4 x {CPU=8, GPU=1} need GPU=4; the cluster has GPU=8 of which rollout takes 4: 0 left, 4 short'."""
+    'learner: 4 x {CPU=8, GPU=1} do not fit: the cluster has GPU=4 in all, 0 left after rollout; 4 GPU short
+    (change learner.* or add nodes)'."""
     left = {k: float(v) for k, v in cluster.items()}
     taken: list[str] = []
     problems = []
