@@ -18,6 +18,9 @@ from shop_r1 import __version__
 from shop_r1.config import load_config
 from shop_r1.errors import DataError, UserError
 
+DRY_RUN_WAIT_S = 120.0
+"""The longest a dry run waits for its placement on an attached cluster (rollout.placement_timeout_s if less)."""
+
 USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 """What a user gave wrong (a key, a path, a data line): one line and exit status 2, the traceback with --verbose."""
 
@@ -161,10 +164,10 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
     from shop_r1.evaluate import evaluate
 
     cfg = _config(args)
+    _require_examples(args.examples, "rl")
     model = _model(args, cfg, "eval run", "the model to evaluate")
     label = args.label or Path(model).name
     out_dir = _out_dir(args, cfg, "eval", label)
-    _require_examples(args.examples, "rl")
     with ray_runtime(cfg.ray) as runtime:
         report = evaluate(cfg, model, args.examples, out_dir, label, runtime.local_mode)
     print((out_dir / "metrics.txt").read_text())
@@ -185,14 +188,31 @@ def _check_resume(cfg, allow_change: bool) -> None:
                   f"{Path(cfg.run_dir) / HISTORY_FILE})", file=sys.stderr, flush=True)
 
 
+def _compare_for_resume(cfg, allow_change: bool) -> None:
+    """--resume --dry-run: the same refusal as a resume, and nothing written (no history line, no config.yaml)."""
+    from shop_r1.config import ConfigError, config_to_dict
+    from shop_r1.run_config import compare_configs, current_run_config
+
+    current = current_run_config(Path(cfg.run_dir))
+    if current is None:
+        return
+    diff = compare_configs(current, config_to_dict(cfg))
+    if diff.refused and not allow_change:
+        keys = ", ".join(f"{c.key}: {c.old!r} -> {c.new!r}" for c in diff.refused)
+        raise ConfigError(f"resume: the config differs from the run's in key(s) that change the experiment: {keys} "
+                          "(--allow-config-change changes them on purpose)")
+    for c in [*diff.refused, *diff.allowed]:
+        print(f"dry run: resume would record {c.key}: {c.old!r} -> {c.new!r}")
+
+
 def cmd_sft(args: argparse.Namespace) -> None:
     from shop_r1.distributed.runtime import ray_runtime
     from shop_r1.run_config import start_run_config
     from shop_r1.sft import run_sft
 
     cfg = _config(args)
-    model = _model(args, cfg, "sft", "the base model")
     _require_examples(args.examples, "sft")
+    model = _model(args, cfg, "sft", "the base model")
     if args.dry_run:
         return _dry_run(args, cfg, "sft", model)
     start_run_config(cfg.run_dir, cfg)
@@ -216,9 +236,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     if args.resume:  # first: neither the model, nor the data, nor Ray is touched before the config is the run's
-        _check_resume(cfg, args.allow_config_change)
-    model = _model(args, cfg, "train", "the SFT model: initial policy and KL reference")
+        if args.dry_run:
+            _compare_for_resume(cfg, args.allow_config_change)
+        else:
+            _check_resume(cfg, args.allow_config_change)
     _require_examples(args.examples, "rl")
+    model = _model(args, cfg, "train", "the SFT model: initial policy and KL reference")
     if args.dry_run:
         return _dry_run(args, cfg, "train", model)
     context = max_model_len(cfg, model)
@@ -324,7 +347,9 @@ def _dry_run(args: argparse.Namespace, cfg, stage: str, model: str | None) -> No
             resources = ", ".join(f"{k}={v:g}" for k, v in sorted(ray.cluster_resources().items())
                                   if k in ("CPU", "GPU") or not k.startswith(("node:", "memory", "object_store")))
             print(f"placement: tried on {where} ({resources})")
-            problems += try_placement(plan.groups, cfg.rollout.placement_timeout_s,
+            # An attached cluster may grow (an autoscaler adding GPU nodes): its placement gets time, but a dry
+            # run stays short; a cluster that cannot grow is answered by the arithmetic at once.
+            problems += try_placement(plan.groups, min(cfg.rollout.placement_timeout_s, DRY_RUN_WAIT_S),
                                       can_grow=runtime.address != "local-cluster")
     if problems:
         raise UserError("dry run: the run cannot start: " + "; ".join(problems))
@@ -473,6 +498,9 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as e:
         if getattr(args, "verbose", False) or os.environ.get("SHOP_R1_VERBOSE") == "1":
             traceback.print_exc()
+        # Raised in an actor, it arrives as RayTaskError(X), a subclass of X whose text is the remote traceback:
+        # the message is the cause's.
+        e = getattr(e, "cause", None) or e if type(e).__name__.startswith("RayTaskError") else e
         kind = "config error" if type(e).__name__ == "ConfigError" else "error"
         print(f"shop-r1: {kind}: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -899,6 +899,12 @@ def check_context_budget(cfg: Config, max_model_len: int,
 # ---------------------------------------------------------------------------------------------- loading
 
 
+EMPTY_MEANS_UNSET = frozenset({"ray.address", "rollout.resources", "learner.resources", "reward_pool.resources",
+                               "rollout.cpu_cores", "learner.cpu_cores", "logging.wandb_entity", "logging.run_name"})
+"""String keys that may be given empty (`ray.address=`): YAML reads that as null, taken as "". Any other key stays
+refused (`model.path=$MODEL` with MODEL unset must not quietly mean the embedded default)."""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`, converting where YAML/CLI text is unambiguous."""
     origin = typing.get_origin(tp)
@@ -942,7 +948,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
-        if value is None:  # `ray.address=` on the command line, `address:` in YAML: the empty string
+        if value is None and key in EMPTY_MEANS_UNSET:  # `ray.address=`: YAML reads an empty value as null
             return ""
         if key in CPU_LIST_KEYS and isinstance(value, int) and not isinstance(value, bool):
             return str(value)  # `rollout.cpu_cores=0`: YAML reads a one-core list as a number

@@ -65,7 +65,8 @@ class ActorGroup:
         line = f"  {self.name}: {self.count} x {{{res or 'nothing'}}}"
         if self.memory:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in self.memory.items())
-            line += f"\n    GPU memory per actor (GiB, estimated): {parts}; total {sum(self.memory.values()):.2f}"
+            unit = "per GPU" if self.name == "rollout" else "per actor"
+            line += f"\n    GPU memory {unit} (GiB, estimated): {parts}; total {sum(self.memory.values()):.2f}"
         return line + (f"\n    {self.note}" if self.note else "")
 
 
@@ -110,10 +111,11 @@ def _dtype_bytes(dtype: str, on_gpu: bool) -> int:
     return 2 if dtype in ("bfloat16", "float16", "bf16", "fp16", "half") else 4
 
 
-def learner_memory(cfg: Config, shape: ModelShape) -> dict[str, float]:
+def learner_memory(cfg: Config, shape: ModelShape, with_reference: bool = True) -> dict[str, float]:
     """Per rank, GiB: weights, gradients, optimizer states (Adam's two moments in fp32, plus an fp32 master copy
-    under bf16) and the frozen reference policy, each divided by the ranks where the ZeRO stage (or FSDP2) shards it;
-    an offloaded optimizer holds no GPU memory."""
+    under bf16), each divided by the ranks where the ZeRO stage (or FSDP2) shards it, an offloaded optimizer holding
+    no GPU memory; and GRPO's frozen reference policy, a plain module replicated on every rank
+    (learner/backend.py: reference_policy), loaded whatever rl.kl_beta (SFT has none: `with_reference=False`)."""
     lc = cfg.learner
     p, b, n = shape.num_params, _dtype_bytes(lc.dtype, lc.num_gpus_per_rank > 0), lc.num_ranks
     stage = 3 if lc.backend == "fsdp2" else lc.zero_stage
@@ -121,7 +123,7 @@ def learner_memory(cfg: Config, shape: ModelShape) -> dict[str, float]:
                                                                    ("optimizer", 1))}
     optimizer = 0.0 if lc.offload_optimizer else p * (8 + (4 if b == 2 else 0)) / shard["optimizer"]
     memory = {"weights": p * b / shard["weights"], "gradients": p * b / shard["gradients"], "optimizer": optimizer,
-              "reference": p * b / shard["weights"] if cfg.rl.kl_beta > 0 else 0.0}
+              "reference": p * b if with_reference else 0.0}
     return {k: v / GIB for k, v in memory.items()}
 
 
@@ -148,7 +150,8 @@ def plan_groups(cfg: Config, stage: str, shape: ModelShape | None, max_len: int)
     learner_bundle = {"CPU": float(lc.num_cpus_per_rank), "GPU": float(lc.num_gpus_per_rank),
                       **parse_resources(lc.resources, "learner.resources")}
     learner = ActorGroup("learner", lc.num_ranks, learner_bundle,
-                         learner_memory(cfg, shape) if shape and lc.num_gpus_per_rank else {},
+                         learner_memory(cfg, shape, with_reference=stage != "sft") if shape and lc.num_gpus_per_rank
+                         else {},
                          f"backend {lc.backend}" + (f", ZeRO-{lc.zero_stage}" if lc.backend == "deepspeed" else "")
                          + f", {lc.dtype}; activations not counted")
     if stage == "sft":
@@ -169,13 +172,15 @@ def check_gpu_memory(groups: tuple[ActorGroup, ...], gpu_memory_gib: float, util
         gpus = g.bundle.get("GPU", 0.0)
         if not g.memory or not gpus:
             continue
-        offered = gpu_memory_gib * gpus * (utilization if g.name == "rollout" else 1.0)
+        # An engine's figures are per GPU already (split over its tensor-parallel workers); a rank's are per rank.
+        offered = gpu_memory_gib * utilization if g.name == "rollout" else gpu_memory_gib * gpus
         need = sum(g.memory.values())
         if need > offered:
             key = "rollout.gpu_memory_utilization / rollout.tensor_parallel_size" if g.name == "rollout" else \
                 "learner.zero_stage / learner.num_ranks / learner.offload_optimizer"
-            problems.append(f"{g.name}: an actor needs ~{need:.1f} GiB of GPU memory, its {gpus:g} GPU(s) offer "
-                            f"{offered:.1f} (--gpu-memory-gib {gpu_memory_gib:g}); change {key}")
+            what = "each of an engine's GPUs" if g.name == "rollout" else "a rank"
+            problems.append(f"{g.name}: {what} needs ~{need:.1f} GiB of GPU memory, which offers {offered:.1f} "
+                            f"(--gpu-memory-gib {gpu_memory_gib:g}); change {key}")
     return problems
 
 

@@ -284,3 +284,34 @@ def test_data_build_with_no_page_under_the_budget_names_the_key(capsys, tmp_path
     assert "raise data.max_prompt_tokens" in line
     stats = json.loads((out / "stats.json").read_text())
     assert stats["rl_train"]["num_examples"] == 0 and stats["num_rl_over_budget"] > 0
+
+
+def test_an_error_raised_in_an_actor_is_its_cause_on_one_line(capsys, monkeypatch):
+    """Ray re-raises an actor's ConfigError as RayTaskError(ConfigError): a subclass of it whose text is the remote
+    traceback. The line is the cause's message, and the kind is still a config error."""
+    from shop_r1 import cli
+    from shop_r1.config import ConfigError
+
+    wrapper = type("RayTaskError(ConfigError)", (ConfigError,), {})
+    remote = wrapper("Traceback (most recent call last):\n  File \"worker.py\", line 1\nConfigError: deep")
+    remote.cause = ConfigError("reward.fn='x:y': cannot import x")
+
+    def raises(args):
+        raise remote
+
+    monkeypatch.setattr(cli, "cmd_config_show", raises)
+    line = user_error(capsys, ["config", "show"])
+    assert line == "shop-r1: config error: reward.fn='x:y': cannot import x"
+
+
+def test_a_resume_dry_run_refuses_as_a_resume_and_writes_nothing(tmp_path):
+    from shop_r1.cli import _compare_for_resume
+    from shop_r1.config import ConfigError, load_config
+    from shop_r1.run_config import start_run_config
+
+    start_run_config(tmp_path, load_config(None, [f"run_dir={tmp_path}"]))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match=r"rollout.temperature: 0.6 -> 0.5"):
+        _compare_for_resume(load_config(None, [f"run_dir={tmp_path}", "rollout.temperature=0.5"]), False)
+    _compare_for_resume(load_config(None, [f"run_dir={tmp_path}", "rollout.temperature=0.5"]), True)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no history line, no new file"

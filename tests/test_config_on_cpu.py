@@ -381,8 +381,14 @@ def test_run_dir_from_yaml_is_checked(home, tmp_path):
     path.write_text("run_dir: '~'\n")  # quoted: a bare ~ is YAML's null (a type error naming run_dir)
     with pytest.raises(ConfigError, match=r"run_dir='~' resolves to .*\(the home directory\)"):
         load_config(path)
-    with pytest.raises(ConfigError, match=r"run_dir='' is empty"):  # YAML's null: a str key's empty value
+    with pytest.raises(ConfigError, match=r"run_dir: expected a string, got None"):
         load_config(None, ["run_dir=~"])
+
+
+def test_only_keys_where_empty_means_unset_take_an_empty_value():
+    assert load_config(None, ["ray.address="]).ray.address == ""  # YAML's null: the empty string
+    with pytest.raises(ConfigError, match=r"model.path: expected a string, got None"):
+        load_config(None, ["model.path="])  # `model.path=$MODEL` with MODEL unset: refused, not the default model
 
 
 # Budgets: training prompts 1000 + answers 100 = 1100; held-out prompts 900 + eval answers 50 = 950; SFT 1024.

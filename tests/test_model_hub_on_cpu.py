@@ -3,7 +3,10 @@ offline a one-line error that names the id (the test machine has no hub: HF_HUB_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import huggingface_hub
+import huggingface_hub.constants
 import pytest
 
 from shop_r1.errors import UserError
@@ -34,16 +37,31 @@ def test_offline_the_error_names_the_id_and_the_way_out(tmp_path):
     assert not (hub_dir("no-such-org/no-such-model", tmp_path / "run") / DONE).exists()
 
 
-def test_an_id_is_downloaded_once_into_the_run_folder(tmp_path, monkeypatch):
+def _fake_hub(monkeypatch, files):
+    """snapshot_download online, writing `files` into local_dir; the calls it got."""
     calls = []
 
     def fake_snapshot_download(repo_id, local_dir, **kwargs):
         calls.append((repo_id, local_dir))
-        (tmp_path / "run" / "hub" / "Qwen--Qwen2.5-0.5B-Instruct").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "run" / "hub" / "Qwen--Qwen2.5-0.5B-Instruct" / "config.json").write_text("{}")
+        for name in files:
+            (Path(local_dir) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(local_dir) / name).write_text("{}")
         return local_dir
 
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    return calls
+
+
+def test_a_download_that_returns_without_the_weights_is_not_marked_done(tmp_path, monkeypatch):
+    _fake_hub(monkeypatch, ["config.json"])  # the connection dropped after the config
+    with pytest.raises(UserError, match=r"lacks model.safetensors"):
+        resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct", tmp_path / "run")
+    assert not (hub_dir("Qwen/Qwen2.5-0.5B-Instruct", tmp_path / "run") / DONE).exists()
+
+
+def test_an_id_is_downloaded_once_into_the_run_folder(tmp_path, monkeypatch):
+    calls = _fake_hub(monkeypatch, ["config.json", "model.safetensors"])
     first = resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct", tmp_path / "run")
     assert first == str(tmp_path / "run" / "hub" / "Qwen--Qwen2.5-0.5B-Instruct")
     assert calls == [("Qwen/Qwen2.5-0.5B-Instruct", first)]

@@ -72,17 +72,17 @@ def test_model_shape_reads_a_model_folders_config_json(tmp_path):
 # ---------------------------------------------------------------------------------------------- learner memory
 
 # Bytes per parameter on one of 4 ranks: weights, gradients, optimizer (Adam's two fp32 moments, 8 bytes, plus an
-# fp32 master copy, 4, under bf16), reference; each divided by the ranks from its ZeRO stage on (optimizer >= 1,
-# gradients >= 2, weights and the reference >= 3; FSDP2 shards all, as stage 3).
+# fp32 master copy, 4, under bf16), each divided by the ranks from its ZeRO stage on (optimizer >= 1, gradients >= 2,
+# weights >= 3; FSDP2 shards all, as stage 3); the reference policy is replicated on every rank (never divided).
 LEARNER_BYTES_PER_PARAM = {
     # (backend, zero_stage, dtype):   weights gradients optimizer reference
     ("deepspeed", 0, "bfloat16"): (2, 2, 12, 2),
     ("deepspeed", 1, "bfloat16"): (2, 2, 12 / 4, 2),
     ("deepspeed", 2, "bfloat16"): (2, 2 / 4, 12 / 4, 2),
-    ("deepspeed", 3, "bfloat16"): (2 / 4, 2 / 4, 12 / 4, 2 / 4),  # 4.5 bytes: 13_886_309_376 B = 12.93 GiB
-    ("fsdp2", 0, "bfloat16"): (2 / 4, 2 / 4, 12 / 4, 2 / 4),  # zero_stage does not apply: fully sharded
+    ("deepspeed", 3, "bfloat16"): (2 / 4, 2 / 4, 12 / 4, 2),  # 6 bytes: 18_515_079_168 B = 17.24 GiB
+    ("fsdp2", 0, "bfloat16"): (2 / 4, 2 / 4, 12 / 4, 2),  # zero_stage does not apply: fully sharded
     ("deepspeed", 0, "float32"): (4, 4, 8, 4),  # no master copy: the weights are fp32 already
-    ("deepspeed", 3, "float32"): (4 / 4, 4 / 4, 8 / 4, 4 / 4),
+    ("deepspeed", 3, "float32"): (4 / 4, 4 / 4, 8 / 4, 4),
 }
 
 
@@ -97,10 +97,10 @@ def test_learner_memory_shards_each_part_from_its_stage_on(qwen, key):
         "reference": P * reference / GIB}, rel=1e-12)
 
 
-def test_zero3_bf16_on_4_ranks_is_about_13_gib_per_rank(qwen):
+def test_zero3_bf16_on_4_ranks_is_about_17_gib_per_rank(qwen):
     cfg = load_config(None, ["learner.zero_stage=3", "learner.dtype=bfloat16", "learner.num_ranks=4"])
-    # 4.5 bytes x 3_085_846_528 = 13_886_309_376 B / 2**30 = 12.93 GiB.
-    assert sum(learner_memory(cfg, qwen).values()) == pytest.approx(12.9326, abs=1e-4)
+    # 6 bytes x 3_085_846_528 = 18_515_079_168 B / 2**30 = 17.2435 GiB.
+    assert sum(learner_memory(cfg, qwen).values()) == pytest.approx(17.2435, abs=1e-4)
 
 
 def test_an_offloaded_optimizer_holds_no_gpu_memory(qwen):
@@ -112,12 +112,13 @@ def test_an_offloaded_optimizer_holds_no_gpu_memory(qwen):
     assert memory["weights"] == memory["reference"] == pytest.approx(P * 2 / GIB)
 
 
-def test_no_kl_means_no_reference_policy(qwen):
+def test_sft_holds_no_reference_policy_and_grpo_always_does(qwen):
     cfg = load_config(None, ["learner.zero_stage=3", "learner.dtype=bfloat16", "learner.num_ranks=4",
                              "rl.kl_beta=0"])
-    memory = learner_memory(cfg, qwen)
-    assert memory["reference"] == 0.0
-    assert memory["weights"] == pytest.approx(P * 2 / 4 / GIB)
+    assert learner_memory(cfg, qwen, with_reference=False)["reference"] == 0.0
+    # GRPO loads it whatever rl.kl_beta (train.py passes the policy as reference_path): counted.
+    assert learner_memory(cfg, qwen)["reference"] == pytest.approx(P * 2 / GIB)
+    assert learner_memory(cfg, qwen)["weights"] == pytest.approx(P * 2 / 4 / GIB)
 
 
 # ---------------------------------------------------------------------------------------------- engine memory
@@ -147,7 +148,8 @@ def a100():
 def test_sft_asks_for_the_learner_only(a100, qwen):
     (learner,) = plan_groups(a100, "sft", qwen, 32768)
     assert (learner.name, learner.count, learner.bundle) == ("learner", 4, {"CPU": 8.0, "GPU": 1.0})
-    assert sum(learner.memory.values()) == pytest.approx(P * 4.5 / GIB)  # ZeRO-3, bf16, 4 ranks (above)
+    # ZeRO-3, bf16, 4 ranks (above) and no reference policy: 0.5 + 0.5 + 3 = 4 bytes a parameter.
+    assert sum(learner.memory.values()) == pytest.approx(P * 4 / GIB) and learner.memory["reference"] == 0.0
     assert Plan((learner,), ()).totals() == {"CPU": 32.0, "GPU": 4.0}
 
 
@@ -170,15 +172,27 @@ def test_the_pipeline_asks_for_engines_learner_and_reward_pool(a100, qwen):
 
 def test_a_group_over_the_cards_memory_is_named(a100, qwen):
     groups = plan_groups(a100, "pipeline", qwen, 32768)
-    assert check_gpu_memory(groups, 80.0, 0.85) == []  # engines 23.75 <= 0.85 x 80 = 68; ranks 12.93 <= 80
-    # A 16 GiB card: the engines' 23.75 GiB is over 0.85 x 16 = 13.6; the ranks' 12.93 fit 16.
-    assert check_gpu_memory(groups, 16.0, 0.85) == [
-        "rollout: an actor needs ~23.7 GiB of GPU memory, its 1 GPU(s) offer 13.6 (--gpu-memory-gib 16); change "
-        "rollout.gpu_memory_utilization / rollout.tensor_parallel_size"]
-    # A 12 GiB card: both (the learner is offered the whole card, 12.0 < 12.93).
+    assert check_gpu_memory(groups, 80.0, 0.85) == []  # engines 23.75 <= 0.85 x 80 = 68; ranks 17.24 <= 80
+    # An 18 GiB card: the engines' 23.75 GiB is over 0.85 x 18 = 15.3; the ranks' 17.24 fit 18.
+    assert check_gpu_memory(groups, 18.0, 0.85) == [
+        "rollout: each of an engine's GPUs needs ~23.7 GiB of GPU memory, which offers 15.3 (--gpu-memory-gib 18); "
+        "change rollout.gpu_memory_utilization / rollout.tensor_parallel_size"]
+    # A 12 GiB card: both (the learner is offered the whole card, 12.0 < 17.24).
     problems = check_gpu_memory(groups, 12.0, 0.85)
     assert [p.split(":")[0] for p in problems] == ["rollout", "learner"]
-    assert "~12.9 GiB" in problems[1] and "offer 12.0" in problems[1] and "learner.zero_stage" in problems[1]
+    assert "~17.2 GiB" in problems[1] and "offers 12.0" in problems[1] and "learner.zero_stage" in problems[1]
+
+
+def test_tensor_parallel_engines_are_checked_per_gpu(a100, qwen):
+    """With TP = 2 an engine's weights and KV cache are split over its 2 GPUs: its figures are per GPU, and each
+    GPU is offered utilization x one card (not x 2)."""
+    cfg = load_config(str(A100), ["rollout.tensor_parallel_size=2", "rollout.num_gpus_per_engine=2"])
+    engines = plan_groups(cfg, "pipeline", qwen, 32768)[0]
+    one_gpu = plan_groups(a100, "pipeline", qwen, 32768)[0]
+    assert sum(engines.memory.values()) == pytest.approx(sum(one_gpu.memory.values()) / 2)
+    need = sum(engines.memory.values())  # ~11.9 GiB a GPU
+    assert check_gpu_memory((engines,), need / 0.85 * 1.01, 0.85) == []
+    assert len(check_gpu_memory((engines,), need / 0.85 * 0.99, 0.85)) == 1
 
 
 # ---------------------------------------------------------------------------------------------- placement arithmetic

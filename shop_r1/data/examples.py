@@ -199,7 +199,17 @@ def _messages(obj: Any, where: str) -> tuple[Message, ...]:
 
 
 def _read_jsonl(path: str | Path, parse: Callable[[Any, str], Any]) -> list[Any]:
-    return [parse(obj, where) for where, obj in read_jsonl_objects(path)]
+    return [_parsed(parse, obj, where) for where, obj in read_jsonl_objects(path)]
+
+
+def _parsed(parse: Callable[[Any, str], Any], obj: Any, where: str) -> Any:
+    """A line's record; a bad field (an action's type, a count) is a DataError naming FILE:LINE and the field."""
+    try:
+        return parse(obj, where)
+    except DataError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise DataError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
 
 
 def _rl_from_dict(obj: dict[str, Any], where: str) -> RLExample:

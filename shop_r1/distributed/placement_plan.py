@@ -46,11 +46,11 @@ def try_placement(groups: Sequence[ActorGroup], timeout_s: float, can_grow: bool
     if problems and not can_grow:
         return problems
     reserved = []
-    for g in groups:
-        bundle = {k: float(v) for k, v in g.bundle.items() if v}
-        if bundle and g.count:
-            reserved.append((g, placement_group([dict(bundle) for _ in range(g.count)], strategy="PACK")))
     try:
+        for g in groups:
+            bundle = {k: float(v) for k, v in g.bundle.items() if v}
+            if bundle and g.count:
+                reserved.append((g, placement_group([dict(bundle) for _ in range(g.count)], strategy="PACK")))
         refs = [pg.ready() for _, pg in reserved]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
         late = [g.name for (g, _), ref in zip(reserved, refs) if ref not in ready]
@@ -59,5 +59,6 @@ def try_placement(groups: Sequence[ActorGroup], timeout_s: float, can_grow: bool
             remove_placement_group(pg)
     if late:
         return problems or [f"{', '.join(late)}: not placed within {timeout_s:g}s (the cluster's resources: "
-                            f"{ray.cluster_resources()}); add nodes or lower the groups' resources"]
+                            f"{ray.cluster_resources()}); add nodes or lower the groups' resources (an autoscaler "
+                            "may still be adding nodes: run the dry run again)"]
     return []

@@ -38,18 +38,37 @@ def resolve_model_path(path: str, run_dir: str | Path) -> str:
         if path and not Path(path).expanduser().exists():
             raise UserError(f"model.path={path}: no such folder (nor a Hugging Face id: ORG/NAME)")
         return path
-    out = hub_dir(path, run_dir)
+    out = hub_dir(path, run_dir).resolve()
     if (out / DONE).exists():
         return str(out)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
+    if constants.HF_HUB_OFFLINE:  # offline, snapshot_download hands back whatever a killed download left there
+        raise _offline_error(path, OfflineModeIsEnabled("HF_HUB_OFFLINE=1"))
     try:
         snapshot_download(repo_id=path, local_dir=str(out))
     except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as exc:
         raise _offline_error(path, exc) from exc
+    missing = missing_files(out)
+    if missing:  # a connection lost mid-way can still return the folder: marked complete only when it is
+        raise _offline_error(path, FileNotFoundError(f"{out} lacks {', '.join(missing[:3])}"))
     (out / DONE).write_text(path + "\n")
     return str(out)
+
+
+def missing_files(folder: Path) -> list[str]:
+    """What a model folder needs and lacks: config.json, and its weights (every shard its index names)."""
+    import json
+
+    missing = [] if (folder / "config.json").exists() else ["config.json"]
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).exists():
+            shards = sorted(set(json.loads((folder / index).read_text()).get("weight_map", {}).values()))
+            return missing + [s for s in shards if not (folder / s).exists()]
+    if not any((folder / w).exists() for w in ("model.safetensors", "pytorch_model.bin")):
+        missing.append("model.safetensors")
+    return missing
 
 
 SMALL_FILES = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
