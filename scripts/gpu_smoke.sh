@@ -107,6 +107,10 @@ PY
 echo "$PREFLIGHT" | grep '^\[smoke\]'
 RUN="$(echo "$PREFLIGHT" | sed -n 's/^RUN_DIR=//p')"
 
+# --- the dry run first: the model folder, the context budget, the plan and its placement on this machine's GPUs
+"$BIN/shop-r1" pipeline --dry-run --config "$CONFIG" "${OVERRIDES[@]}" 2>&1 | sed 's/^/[smoke] /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail "shop-r1 pipeline --dry-run: the run cannot start (its last line above)"
+
 # --- the run
 mkdir -p "$RUN" || fail "cannot create the run folder $RUN"
 LOG="$RUN/gpu_smoke.log"
