@@ -3,9 +3,10 @@ import os
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_local_cluster():
-    """A private Ray cluster on loopback for this test session (the same start path the commands use)."""
+    """A private Ray cluster on loopback for tests/distributed (the same start path the commands use); stopped
+    when the folder's tests end, not left idle through the rest of the session."""
     from shop_r1.config import RayConfig
     from shop_r1.distributed.runtime import start_ray
 

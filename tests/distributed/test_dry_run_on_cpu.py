@@ -67,7 +67,7 @@ def gpu_head(tmp_path_factory):
             time.sleep(2)
         yield address
     finally:
-        stop_session(head, grace_s=20)
+        stop_session(head, grace_s=5)  # the head's own processes are its session: SIGKILL takes them all
         log.close()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-OVERRIDES = ["data.synth_num_sessions=24", "data.val_fraction=0", "sft.epochs=3", "sft.max_steps=0",
+OVERRIDES = ["data.synth_num_sessions=24", "data.val_fraction=0", "sft.epochs=3", "sft.max_steps=12",
              "eval.zero_shot=true", "sft.global_batch_size=4", "sft.checkpoint_every=2", "sft.max_seq_len=2400",
              "rl.steps=2", "rl.global_batch_size=8",
              "rollout.group_size=4", "rl.val_every=0", "eval.max_examples=8", "rollout.max_new_tokens=32",

@@ -75,36 +75,37 @@ def cpu_hogs(n=2):
             p.wait()
 
 
-@pytest.mark.slow  # about 3 minutes on the 2-core machine: 5 worker starts under the CPU hogs, 2 hang timeouts
+@pytest.mark.slow  # minutes on the 2-core machine: 3 worker restarts under the CPU hogs, 2 hang timeouts
 def test_ray_pool_survives_poison_hang_and_crash(ray_local_cluster):
     # Under load (2 busy loops), a restarted worker's start and imports take seconds: the pool must wait for it to be
-    # ready before the 5 s scoring budget starts, or a good response retried on it gets the timeout fallback.
+    # ready before the 5 s scoring budget starts, or a good response retried on it gets the timeout fallback. The
+    # load starts once the pool's first workers are up: their start is not what the readiness wait protects.
     _register_by_value()
-    with cpu_hogs(2):
-        _poison_hang_and_crash()
-
-
-def _poison_hang_and_crash():
     pool = RewardPool(RewardConfig(), RewardPoolConfig(num_workers=2, timeout_s=5.0), local=False,
                       score_fn=hostile_scorer)
     try:
-        requests = [ScoreRequest(GOOD, CLICK), ScoreRequest("POISON", CLICK), ScoreRequest("not json", CLICK),
-                    ScoreRequest("HANG", CLICK), ScoreRequest(GOOD, CLICK), ScoreRequest("CRASH", CLICK),
-                    ScoreRequest(GOOD, CLICK)]
-        rewards = pool.score(requests, chunk_size=3)
-        totals = [r.total for r in rewards]
-        assert totals == [GOOD_TOTAL, 0.0, 0.0, 0.0, GOOD_TOTAL, 0.0, GOOD_TOTAL]
-        assert [r.error for r in rewards] == [None, "RuntimeError: poisoned response", None, "timeout", None,
-                                              rewards[5].error, None]
-        assert rewards[5].error.startswith("worker crashed")
-        assert rewards[2].format_valid is False  # invalid format is a score of 0, not a failure
-        assert failure_counts(rewards) == {"reward/num_failed": 3.0, "reward/num_failed_timeout": 1.0,
-                                           "reward/num_failed_crash": 1.0, "reward/num_failed_error": 1.0}
-        assert pool.num_restarts == 3  # the hang twice (chunk, then alone), the crash once (alone)
-        # The pool still works after the restarts.
-        assert pool.score([ScoreRequest(GOOD, CLICK)])[0].total == GOOD_TOTAL
+        with cpu_hogs(2):
+            _poison_hang_and_crash(pool)
     finally:
         pool.shutdown()
+
+
+def _poison_hang_and_crash(pool):
+    requests = [ScoreRequest(GOOD, CLICK), ScoreRequest("POISON", CLICK), ScoreRequest("not json", CLICK),
+                ScoreRequest("HANG", CLICK), ScoreRequest(GOOD, CLICK), ScoreRequest("CRASH", CLICK),
+                ScoreRequest(GOOD, CLICK)]
+    rewards = pool.score(requests, chunk_size=3)
+    totals = [r.total for r in rewards]
+    assert totals == [GOOD_TOTAL, 0.0, 0.0, 0.0, GOOD_TOTAL, 0.0, GOOD_TOTAL]
+    assert [r.error for r in rewards] == [None, "RuntimeError: poisoned response", None, "timeout", None,
+                                          rewards[5].error, None]
+    assert rewards[5].error.startswith("worker crashed")
+    assert rewards[2].format_valid is False  # invalid format is a score of 0, not a failure
+    assert failure_counts(rewards) == {"reward/num_failed": 3.0, "reward/num_failed_timeout": 1.0,
+                                       "reward/num_failed_crash": 1.0, "reward/num_failed_error": 1.0}
+    assert pool.num_restarts == 3  # the hang twice (chunk, then alone), the crash once (alone)
+    # The pool still works after the restarts.
+    assert pool.score([ScoreRequest(GOOD, CLICK)])[0].total == GOOD_TOTAL
 
 
 def test_ray_pool_retries_a_chunk_lost_with_a_replaced_worker_without_restarting_again(ray_local_cluster):
