@@ -2,6 +2,7 @@
 frozen reference, gloo weight sync, checkpoints and resume."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -92,17 +93,19 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
     before, after = _weights(tiny_model_dir), _weights(tmp_path / "a" / "rl" / "hf")
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 
-    # Interrupted run: 2 steps (checkpointed), then a resume that does the 3rd.
-    run_grpo(_cfg(tmp_path / "b", 2), str(tiny_model_dir), prompts, tmp_path / "b" / "rl", local=False, pad_id=pad,
-             score_fn=variety_reward)
-    assert (tmp_path / "b" / "rl" / "checkpoints" / "latest").read_text() == "step_000002"
+    # A run killed after its step-2 checkpoint: a resume from a copy of it does the 3rd step. (A real run's own
+    # `latest` and a kill: tests/distributed/test_train_kill_resume_on_cpu.py, test_learner_restart_on_cpu.py.)
+    step2 = tmp_path / "a" / "rl" / "checkpoints" / "step_000002"
+    (tmp_path / "b" / "rl" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step2, tmp_path / "b" / "rl" / "checkpoints" / "step_000002")
+    (tmp_path / "b" / "rl" / "checkpoints" / "latest").write_text("step_000002")
     resumed = run_grpo(_cfg(tmp_path / "b", 3), str(tiny_model_dir), prompts, tmp_path / "b" / "rl", local=False,
                        resume=True, pad_id=pad, score_fn=variety_reward)
     assert resumed.num_steps == 3
     batches_a = [json.loads(x) for x in (tmp_path / "a" / "rl" / "batches.jsonl").read_text().splitlines()]
     batches_b = [json.loads(x) for x in (tmp_path / "b" / "rl" / "batches.jsonl").read_text().splitlines()]
-    assert [b["step"] for b in batches_b] == [1, 2, 3]
-    assert batches_b[2]["example_ids"] == batches_a[2]["example_ids"]  # the same next batch
+    assert [b["step"] for b in batches_b] == [3]
+    assert batches_b[0]["example_ids"] == batches_a[2]["example_ids"]  # the same next batch
     wa, wb = _weights(tmp_path / "a" / "rl" / "hf"), _weights(tmp_path / "b" / "rl" / "hf")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)  # the same weights
@@ -138,8 +141,6 @@ def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, t
     Every sample's lag (stamped by the engines, dumped per sample) is at most 1; the importance weight corrects the
     surrogate. A run resumed from the step-2 checkpoint takes the rollout that checkpoint holds for step 3 and ends
     with the uninterrupted run's samples and weights."""
-    import shutil
-
     _register_by_value()
     pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
 
