@@ -175,34 +175,20 @@ def cmd_eval_run(args: argparse.Namespace) -> None:
     _mirror(cfg)
 
 
-def _check_resume(cfg, allow_change: bool) -> None:
+def _check_resume(cfg, allow_change: bool, dry_run: bool = False) -> None:
     """--resume: the config must be the run's own (shop_r1/run_config.py); config.yaml is kept as it was (written
-    here only if the run has none) and the changes that go through are recorded in config_history.jsonl."""
+    here only if the run has none) and the changes that go through are recorded in config_history.jsonl. With
+    --dry-run: the same refusal, and nothing written."""
     from shop_r1.run_config import HISTORY_FILE, check_resume, save_run_config
 
-    diff = check_resume(cfg.run_dir, cfg, allow_change)
-    save_run_config(cfg.run_dir, cfg)
+    diff = check_resume(cfg.run_dir, cfg, allow_change, record=not dry_run)
+    if not dry_run:
+        save_run_config(cfg.run_dir, cfg)
+    where = "a dry run records nothing" if dry_run else f"recorded in {Path(cfg.run_dir) / HISTORY_FILE}"
     for label, changes in (("changed on purpose (--allow-config-change)", diff.refused), ("changed", diff.allowed)):
         for c in changes:
-            print(f"shop-r1: resume: {c.key}: {c.old!r} -> {c.new!r} ({label}; recorded in "
-                  f"{Path(cfg.run_dir) / HISTORY_FILE})", file=sys.stderr, flush=True)
-
-
-def _compare_for_resume(cfg, allow_change: bool) -> None:
-    """--resume --dry-run: the same refusal as a resume, and nothing written (no history line, no config.yaml)."""
-    from shop_r1.config import ConfigError, config_to_dict
-    from shop_r1.run_config import compare_configs, current_run_config
-
-    current = current_run_config(Path(cfg.run_dir))
-    if current is None:
-        return
-    diff = compare_configs(current, config_to_dict(cfg))
-    if diff.refused and not allow_change:
-        keys = ", ".join(f"{c.key}: {c.old!r} -> {c.new!r}" for c in diff.refused)
-        raise ConfigError(f"resume: the config differs from the run's in key(s) that change the experiment: {keys} "
-                          "(--allow-config-change changes them on purpose)")
-    for c in [*diff.refused, *diff.allowed]:
-        print(f"dry run: resume would record {c.key}: {c.old!r} -> {c.new!r}")
+            print(f"shop-r1: resume: {c.key}: {c.old!r} -> {c.new!r} ({label}; {where})", file=sys.stderr,
+                  flush=True)
 
 
 def cmd_sft(args: argparse.Namespace) -> None:
@@ -236,10 +222,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     cfg = _config(args)
     if args.resume:  # first: neither the model, nor the data, nor Ray is touched before the config is the run's
-        if args.dry_run:
-            _compare_for_resume(cfg, args.allow_config_change)
-        else:
-            _check_resume(cfg, args.allow_config_change)
+        _check_resume(cfg, args.allow_config_change, dry_run=args.dry_run)
     _require_examples(args.examples, "rl")
     model = _model(args, cfg, "train", "the SFT model: initial policy and KL reference")
     if args.dry_run:
@@ -296,11 +279,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> None:
-    from shop_r1.config import check_sessions_source
     from shop_r1.pipeline import run_pipeline
 
     cfg = _config(args)
-    check_sessions_source(cfg.data)  # first: before --dry-run reads the model folder or attaches to Ray
     if args.dry_run:
         return _dry_run(args, cfg, "pipeline", cfg.model.path or None)
     run_pipeline(cfg)
@@ -320,20 +301,9 @@ def _dry_run(args: argparse.Namespace, cfg, stage: str, model: str | None) -> No
     """Check and plan, start nothing: exit 0 only when the run can start (shop_r1/plan.py)."""
     from shop_r1.distributed.placement_plan import try_placement
     from shop_r1.distributed.runtime import ray_runtime
-    from shop_r1.models.hub import hub_config, is_hub_id
-    from shop_r1.plan import check_gpu_memory, model_shape, plan_run
+    from shop_r1.plan import check_gpu_memory, plan_run
 
-    if model is not None and is_hub_id(model):
-        print(f"model: {model} is a Hugging Face id: the run downloads it once into "
-              f"{Path(cfg.run_dir) / 'hub'}; sized here from its config.json")
-        model = str(hub_config(model))
-    if model is not None and not Path(model).is_dir():
-        raise UserError(f"model.path={model}: no such folder (every node must see it: a shared filesystem path)")
-    max_len = cfg.model.max_context_tokens
-    if model is not None:
-        positions = model_shape(model).max_positions
-        max_len = min(max_len, positions) if positions else max_len
-    plan = plan_run(cfg, stage, model, cfg.data.sessions_path or None, max_len)
+    plan = plan_run(cfg, stage, model, cfg.data.sessions_path or None)
     print(plan.render())
     problems = check_gpu_memory(plan.groups, args.gpu_memory_gib, cfg.rollout.gpu_memory_utilization)
     if cfg.ray.local_mode:

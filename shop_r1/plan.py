@@ -32,7 +32,6 @@ class ModelShape:
     num_layers: int
     kv_bytes_per_token_per_byte: int
     """2 (K and V) x layers x KV heads x head_dim: times the dtype's bytes, the KV cache of one token."""
-    max_positions: int
 
     @classmethod
     def from_hf_config(cls, c: dict) -> ModelShape:
@@ -45,8 +44,7 @@ class ModelShape:
         per_layer = attn + 3 * h * inter + 2 * h  # gated MLP (gate, up, down) and two norms
         embed = vocab * h * (1 if c.get("tie_word_embeddings", False) else 2)
         return cls(num_params=layers * per_layer + embed + h, num_layers=layers,
-                   kv_bytes_per_token_per_byte=2 * layers * kv_heads * head_dim,
-                   max_positions=int(c.get("max_position_embeddings", 0) or 0))
+                   kv_bytes_per_token_per_byte=2 * layers * kv_heads * head_dim)
 
 
 @dataclass(frozen=True)
@@ -219,14 +217,26 @@ def check_prompt_budget(cfg: Config, model_dir: str, sessions: list) -> str:
             f"{d.max_prompt_tokens}" + (f"; {over} over it (left out of training)" if over else ""))
 
 
-def plan_run(cfg: Config, stage: str, model_dir: str | None, sessions_path: str | None, max_len: int) -> Plan:
-    """Everything `--dry-run` checks without Ray. `model_dir` None: the model is built by the run itself (the
-    from-scratch shop model or the embedded default), so it is not sized. `sessions_path` None: the stage reads
-    an examples file (checked by the command)."""
-    checks = []
-    shape = model_shape(model_dir) if model_dir else None
-    if model_dir:
-        checks.append(f"model: {model_dir}: {shape.num_params / 1e6:.1f}M parameters (from config.json), context "
+def plan_run(cfg: Config, stage: str, model: str | None, sessions_path: str | None) -> Plan:
+    """Everything `--dry-run` checks without Ray, in the order a run would meet it: the sessions source (pipeline),
+    the model (a folder, or a hub id sized from its config and tokenizer files alone), the context budget, the
+    sessions' lines and the prompt budget on a sample. `model` None: the run builds its model itself (the
+    from-scratch shop model or the embedded default), so it is not sized. `sessions_path` None: the synthetic shop,
+    or (sft, train) an examples file checked by the command."""
+    from shop_r1.models.hub import hub_config, is_hub_id
+    from shop_r1.rollout.engine import max_model_len
+
+    if stage == "pipeline":
+        check_sessions_source(cfg.data)
+    checks, shape, max_len = [], None, cfg.model.max_context_tokens
+    if model and is_hub_id(model):
+        checks.append(f"model: {model} is a Hugging Face id: the run downloads it once into "
+                      f"{Path(cfg.run_dir) / 'hub'}; sized here from its config.json")
+        model = str(hub_config(model))
+    if model:
+        shape = model_shape(model)
+        max_len = max_model_len(cfg, model)
+        checks.append(f"model: {model}: {shape.num_params / 1e6:.1f}M parameters (from config.json), context "
                       f"{max_len} tokens")
         check_context_budget(cfg, max_len, stages=("sft", "rl", "eval") if stage == "pipeline" else
                              ("sft",) if stage == "sft" else ("rl",))
@@ -234,12 +244,11 @@ def plan_run(cfg: Config, stage: str, model_dir: str | None, sessions_path: str 
     else:
         checks.append("model: built by the run (model.from_scratch or the embedded default): not sized here")
     if stage == "pipeline":
-        check_sessions_source(cfg.data)
         if sessions_path:
             sample, line = check_sessions(cfg, sessions_path)
             checks.append(line)
-            if model_dir:
-                checks.append(check_prompt_budget(cfg, model_dir, sample))
+            if model:
+                checks.append(check_prompt_budget(cfg, model, sample))
         else:
             checks.append(f"sessions: the synthetic shop (data.synthetic=true), {cfg.data.synth_num_sessions} "
                           f"sessions of version {cfg.data.synth_version}")

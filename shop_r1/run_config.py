@@ -165,11 +165,11 @@ def _renamed(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_resume(run_dir: str | Path, cfg: Config, allow_change: bool) -> ConfigDiff:
+def check_resume(run_dir: str | Path, cfg: Config, allow_change: bool, record: bool = True) -> ConfigDiff:
     """Compare `cfg` with the run's current config before a resume. No config.yaml: nothing to compare (an empty
     diff). A change of a key that changes the experiment is a `ConfigError` listing each such key with its old and
-    new value, unless `allow_change`; the changes that go through are appended to config_history.jsonl. config.yaml
-    is left as it is."""
+    new value, unless `allow_change`; the changes that go through are appended to config_history.jsonl (not with
+    `record=False`: a dry run). config.yaml is left as it is."""
     run = Path(run_dir)
     current = current_run_config(run)
     if current is None:
@@ -182,7 +182,7 @@ def check_resume(run_dir: str | Path, cfg: Config, allow_change: bool) -> Config
             f"in {len(diff.refused)} key(s) that change the experiment:\n{lines}\nResume with the run's values, "
             "start a new run (another run_dir), or pass --allow-config-change to change them on purpose (recorded "
             f"in {run / HISTORY_FILE}).")
-    if diff:
+    if diff and record:
         changes = [{"key": c.key, "old": c.old, "new": c.new, "refused": refused}
                    for refused, group in ((True, diff.refused), (False, diff.allowed)) for c in group]
         _append_history(run, {"event": "resume", "allow_config_change": allow_change,

@@ -305,13 +305,16 @@ def test_an_error_raised_in_an_actor_is_its_cause_on_one_line(capsys, monkeypatc
 
 
 def test_a_resume_dry_run_refuses_as_a_resume_and_writes_nothing(tmp_path):
-    from shop_r1.cli import _compare_for_resume
+    from shop_r1.cli import _check_resume
     from shop_r1.config import ConfigError, load_config
     from shop_r1.run_config import start_run_config
 
     start_run_config(tmp_path, load_config(None, [f"run_dir={tmp_path}"]))
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    changed = load_config(None, [f"run_dir={tmp_path}", "rollout.temperature=0.5"])
     with pytest.raises(ConfigError, match=r"rollout.temperature: 0.6 -> 0.5"):
-        _compare_for_resume(load_config(None, [f"run_dir={tmp_path}", "rollout.temperature=0.5"]), False)
-    _compare_for_resume(load_config(None, [f"run_dir={tmp_path}", "rollout.temperature=0.5"]), True)
+        _check_resume(changed, False, dry_run=True)
+    _check_resume(changed, True, dry_run=True)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no history line, no new file"
+    _check_resume(changed, True)  # the real resume records the change: the check above can tell
+    assert (tmp_path / "config_history.jsonl").read_bytes() != before.get("config_history.jsonl")

@@ -54,7 +54,6 @@ def test_qwen25_3b_shape(qwen):
     assert qwen.num_params == pytest.approx(3.09e9, rel=2e-3)
     assert qwen.num_layers == 36
     assert qwen.kv_bytes_per_token_per_byte == 2 * 36 * 2 * 128 == 18_432  # K and V x layers x KV heads x head_dim
-    assert qwen.max_positions == 32768
 
 
 def test_untied_embeddings_count_the_output_head_too():
@@ -243,6 +242,6 @@ def test_check_sessions_names_the_malformed_line(tmp_path):
 def test_plan_run_without_a_sessions_source_names_the_key():
     cfg = load_config()  # data.sessions_path empty, data.synthetic false
     with pytest.raises(ConfigError, match=r"^data\.sessions_path is empty.*data\.synthetic=true"):
-        plan_run(cfg, "pipeline", None, None, 32768)
+        plan_run(cfg, "pipeline", None, None)
     # sft and train read their examples files (checked by the command), not sessions.
-    assert [g.name for g in plan_run(cfg, "sft", None, None, 32768).groups] == ["learner"]
+    assert [g.name for g in plan_run(cfg, "sft", None, None).groups] == ["learner"]
