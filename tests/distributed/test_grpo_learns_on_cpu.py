@@ -5,6 +5,7 @@ coming from the old policy), makes the mean reward stay flat or fall, and the te
 import json
 import sys
 
+import pytest
 from transformers import AutoTokenizer
 
 from shop_r1.config import load_config
@@ -24,6 +25,7 @@ def digit_reward(response, target, cfg, logprobs):
     return RewardBreakdown(value=value, total=value, format_valid=True)
 
 
+@pytest.mark.slow(s=61)
 def test_grpo_raises_a_learnable_reward(ray_local_cluster, tiny_model_dir, tmp_path):
     import ray.cloudpickle
 

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["data.synth_num_sessions=24", "data.val_fraction=0", "sft.epochs=3", "sft.max_steps=12",
-             "eval.zero_shot=true", "sft.global_batch_size=4", "sft.checkpoint_every=2", "sft.max_seq_len=2400",
+             "eval.zero_shot=false", "sft.global_batch_size=4", "sft.checkpoint_every=2", "sft.max_seq_len=2400",
              "rl.steps=2", "rl.global_batch_size=8",
              "rollout.group_size=4", "rl.val_every=0", "eval.max_examples=8", "rollout.max_new_tokens=32",
              "eval.max_new_tokens=32", "logging.wandb=false", "rollout.kv_cache_gib=1", "ray.num_cpus=4",
@@ -58,7 +58,7 @@ def _table(run_dir: Path) -> dict:
     return {r["label"]: r["metrics"] for r in rows}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(s=398)
 @pytest.mark.timeout(2400)
 def test_pipeline_killed_during_sft_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
     killed = tmp_path / "killed"
@@ -75,10 +75,10 @@ def test_pipeline_killed_during_sft_resumes_and_ends_as_an_uninterrupted_run(tmp
         os.killpg(proc.pid, signal.SIGKILL)  # the driver, its GCS and raylet at once (the workers then exit)
         proc.wait()
     ledger = json.loads((killed / "stages.json").read_text())
-    assert ledger["SFT"]["status"] == "started" and ledger["zero-shot eval"]["status"] == "done"
+    assert ledger["SFT"]["status"] == "started" and ledger["examples"]["status"] == "done"
 
     out = _run(killed, tmp_path / "second.log")
-    for stage in ("model", "sessions", "examples", "zero-shot eval"):
+    for stage in ("model", "sessions", "examples"):
         assert f"  {stage}: finished before with this config and these inputs; skipped" in out, stage
     assert "  SFT: started before with this config and these inputs; continuing from its checkpoints" in out
     assert "SFT resumed from" in out
