@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (idempotent), ruff, then the CPU test suite on 2 pytest-xdist workers, each fed one
-# test at a time, the slow tests first and longest first (tests/conftest.py). Extra args go to pytest; they come last
-# and win (`-n 0` runs in one process). SHOP_R1_TEST_WORKERS sets the worker count.
+# The test command: set up .venv (idempotent), ruff, then the CPU test suite on 2 pytest-xdist workers (work
+# stealing). Extra args go to pytest; they come last and win (`-n 0` runs in one process). SHOP_R1_TEST_WORKERS sets
+# the worker count.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
@@ -9,4 +9,4 @@ source "$ROOT/scripts/env.sh"
 cd "$ROOT"
 # Lint first (a second): the rule set is in pyproject.toml.
 "$ROOT/.venv/bin/ruff" check .
-exec "$ROOT/.venv/bin/python" -m pytest -n "${SHOP_R1_TEST_WORKERS:-2}" --dist load --maxschedchunk 1 "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -n "${SHOP_R1_TEST_WORKERS:-2}" --dist worksteal --durations=25 "$@"

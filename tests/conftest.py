@@ -23,28 +23,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.heavy)
 
 
-def slow_seconds(item) -> float:
-    """A test's `slow(s=N)`: about N seconds on its own on the 2-core CI machine (0 for a test not marked slow)."""
-    marker = item.get_closest_marker("slow")
-    return float(marker.kwargs.get("s", 60)) if marker else 0.0
-
-
-class _LongestFirst:
-    """Under pytest-xdist (scripts/run_tests.sh: `-n 2 --dist load --maxschedchunk 1`, one test at a time to each
-    worker) the slow tests go first, longest first, so the longest never is the run's tail; the rest keep their
-    order. Every worker collects and sorts the same list. Registered in workers only: a run without workers keeps
-    the files' order."""
-
-    @pytest.hookimpl(trylast=True)  # after pytest's own reordering by scoped fixtures
-    def pytest_collection_modifyitems(self, items):
-        items.sort(key=lambda item: -slow_seconds(item))  # stable: equal keys keep their order
-
-
-def pytest_configure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        config.pluginmanager.register(_LongestFirst(), "shop_r1_longest_first")
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny random Qwen2 + tokenizer, built once per test run."""

@@ -43,7 +43,7 @@ def _samples(run_dir: Path) -> list[tuple[int, list[str]]]:
     return [(d["step"], [s["text"] for s in d["samples"]]) for d in dumped]
 
 
-@pytest.mark.slow(s=154)
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_killed_engine_is_replaced_resynced_and_its_prompts_requeued(ray_local_cluster, tiny_model_dir, prompts,  # noqa: F811
                                                                      tmp_path, capsys):

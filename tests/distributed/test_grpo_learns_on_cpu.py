@@ -25,7 +25,7 @@ def digit_reward(response, target, cfg, logprobs):
     return RewardBreakdown(value=value, total=value, format_valid=True)
 
 
-@pytest.mark.slow(s=61)
+@pytest.mark.slow
 def test_grpo_raises_a_learnable_reward(ray_local_cluster, tiny_model_dir, tmp_path):
     import ray.cloudpickle
 

@@ -59,7 +59,7 @@ def _weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
-@pytest.mark.slow(s=77)
+@pytest.mark.slow
 def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
     _register_by_value()
     pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
@@ -112,7 +112,7 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)  # the same weights
 
 
-@pytest.mark.slow(s=43)
+@pytest.mark.slow
 def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
     """K = 2 DeepSpeed ranks under ZeRO-3: every rank takes part in the full-weight gather for the sync, and the
     engine then computes the learner's logprobs. (A plug-in reward, as here, gets no learner self-certainty forward;
@@ -137,7 +137,7 @@ def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, pr
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 
 
-@pytest.mark.slow(s=67)
+@pytest.mark.slow
 def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
     """rl.async_level=1 under Ray: step t+1 is generated while step t's update runs, by the weights of step t-1.
     Every sample's lag (stamped by the engines, dumped per sample) is at most 1; the importance weight corrects the

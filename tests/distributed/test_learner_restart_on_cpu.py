@@ -28,7 +28,7 @@ class DyingLearner(DeepSpeedLearner):
         return super().grpo_step(batch, rl)
 
 
-@pytest.mark.slow(s=99)
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_killed_learner_resumes_from_the_last_checkpoint(ray_local_cluster, tiny_model_dir, prompts, tmp_path,  # noqa: F811
                                                          capsys):

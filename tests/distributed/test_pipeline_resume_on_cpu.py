@@ -58,7 +58,7 @@ def _table(run_dir: Path) -> dict:
     return {r["label"]: r["metrics"] for r in rows}
 
 
-@pytest.mark.slow(s=398)
+@pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_pipeline_killed_during_sft_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
     killed = tmp_path / "killed"

@@ -101,7 +101,7 @@ def job_inputs(tiny_model_dir, tmp_path):
     return shared, config
 
 
-@pytest.mark.slow(s=92)
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ray_job_submit_trains_on_a_local_head(ray_head, job_inputs, tiny_model_dir):
     shared, config = job_inputs

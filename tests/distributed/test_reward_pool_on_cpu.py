@@ -75,7 +75,7 @@ def cpu_hogs(n=2):
             p.wait()
 
 
-@pytest.mark.slow(s=76)  # minutes on the 2-core machine: 3 worker restarts under the CPU hogs, 2 hang timeouts
+@pytest.mark.slow  # minutes on the 2-core machine: 3 worker restarts under the CPU hogs, 2 hang timeouts
 def test_ray_pool_survives_poison_hang_and_crash(ray_local_cluster):
     # Under load (2 busy loops), a restarted worker's start and imports take seconds: the pool must wait for it to be
     # ready before the 5 s scoring budget starts, or a good response retried on it gets the timeout fallback. The

@@ -42,7 +42,7 @@ def _cfg(run_dir):
                               "logging.wandb=false"])
 
 
-@pytest.mark.slow(s=61)
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_killed_sft_learner_resumes_from_its_checkpoint_exactly(ray_local_cluster, tiny_model_dir, tmp_path, capsys):
     import sys

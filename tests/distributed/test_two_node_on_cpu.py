@@ -197,7 +197,7 @@ def _remove_after_step(cluster, node, metrics: Path, step: int, stop: threading.
     return thread
 
 
-@pytest.mark.slow(s=97)
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_rollout_node_lost_mid_run_stops_with_a_checkpoint_then_resumes(two_node_cluster, tiny_model_dir,
                                                                         prompts, tmp_path, capsys):  # noqa: F811
