@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from shop_r1.atomic import write_atomic  # noqa: E402
-from shop_r1.cli import USER_ERRORS  # noqa: E402
+from shop_r1.cli import USER_ERRORS, one_line  # noqa: E402
 from shop_r1.data.examples import load_rl_examples, write_examples_jsonl  # noqa: E402
 from shop_r1.data.jsonl import read_jsonl  # noqa: E402
 from shop_r1.errors import DataError, UserError  # noqa: E402
@@ -213,10 +213,13 @@ def request_changes(saved: Mapping[str, object], now: Mapping[str, object]) -> l
             if saved.get(k) != now.get(k)]
 
 
-def check_overrides(overrides: Sequence[str]) -> None:
+def check_overrides(config: Path, overrides: Sequence[str]) -> None:
+    """The overrides resolve on `config` as the stages will resolve them (config.py's rules: a ConfigError naming the
+    key), and none sets a key the check sets itself."""
+    from shop_r1.config import load_config
+
+    load_config(config, [*DEFAULTS, *overrides])
     for o in overrides:
-        if "=" not in o:
-            raise UserError(f"override {o!r}: expected dotted.key=value")
         if o.split("=", 1)[0].strip() in SET_HERE:
             raise UserError(f"{o!r}: the overfit check sets {', '.join(SET_HERE)} itself")
 
@@ -282,7 +285,7 @@ def check_inputs(c: Check) -> None:
         raise UserError(f"--examples {c.examples}: no such file")
     if not c.config.is_file():
         raise UserError(f"--config {c.config}: no such file")
-    check_overrides(c.overrides)
+    check_overrides(c.config, c.overrides)
     saved = c.out / REQUEST_FILE
     if saved.exists():
         changes = request_changes(json.loads(saved.read_text()), c.request())
@@ -379,9 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_check(check)
     except USER_ERRORS as e:
-        text = f"{e.filename}: {e.strerror or e}" if isinstance(e, OSError) and e.filename else str(e)
-        message = "; ".join(line.strip() for line in text.splitlines() if line.strip()) or type(e).__name__
-        print(f"overfit: error: {message}", file=sys.stderr, flush=True)
+        print(f"overfit: error: {one_line(e)}", file=sys.stderr, flush=True)
         return 2
     print(render(summary), flush=True)
     print(f"curve: {check.out / 'curve.json'}", flush=True)

@@ -472,11 +472,11 @@ def main(argv: list[str] | None = None) -> None:
         # the message is the cause's.
         e = getattr(e, "cause", None) or e if type(e).__name__.startswith("RayTaskError") else e
         kind = "config error" if type(e).__name__ == "ConfigError" else "error"
-        print(f"shop-r1: {kind}: {_one_line(e)}", file=sys.stderr)
+        print(f"shop-r1: {kind}: {one_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """The message on one line (a config error may list several broken rules: joined with '; ')."""
     text = str(exc) if not isinstance(exc, OSError) or not exc.filename else \
         f"{exc.filename}: {exc.strerror or exc}"

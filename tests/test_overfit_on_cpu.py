@@ -25,6 +25,7 @@ from experiments.overfit import (
     sample_exact_by_step,
     window_means,
 )
+from shop_r1.config import ConfigError
 from shop_r1.data.examples import write_examples_jsonl
 from shop_r1.errors import DataError, UserError
 from shop_r1.types import Action, Message, RLExample
@@ -182,11 +183,13 @@ def test_greedy_exact_counts_by_the_evaluation_rule(tmp_path):
 
 
 def test_overrides_the_check_sets_and_another_command_are_refused():
-    check_overrides(["rl.steps=100", "reward.action_reward=binary", "rl.lr=5e-4"])
+    check_overrides(DEFAULT_CONFIG, ["rl.steps=100", "reward.action_reward=binary", "rl.lr=5e-4"])
     with pytest.raises(UserError, match="'run_dir=x': the overfit check sets run_dir"):
-        check_overrides(["rl.steps=1", "run_dir=x"])
-    with pytest.raises(UserError, match="expected dotted.key=value"):
-        check_overrides(["rl.steps"])
+        check_overrides(DEFAULT_CONFIG, ["rl.steps=1", "run_dir=x"])
+    with pytest.raises(ConfigError, match="rl.lrr"):  # config.py's own rules, before any stage starts
+        check_overrides(DEFAULT_CONFIG, ["rl.lrr=5e-4"])
+    with pytest.raises(ConfigError):
+        check_overrides(DEFAULT_CONFIG, ["rl.steps"])
     saved = {"seed": 0, "num_prompts": 16, "overrides": ["rl.steps=100"]}
     assert request_changes(saved, dict(saved)) == []
     assert request_changes(saved, {**saved, "seed": 1, "overrides": []}) == [
