@@ -147,6 +147,44 @@ def sample_exact_by_step(rollouts_path: str | Path, targets: Mapping[str, Action
 
 
 @dataclass(frozen=True)
+class PromptVisits:
+    """Per prompt (example id), each visit's (step, exact samples, samples), in step order: what a group of G
+    samples found on that prompt then."""
+
+    visits: dict[str, list[tuple[int, int, int]]]
+
+    def headroom(self) -> dict[str, int]:
+        """How many prompts: had an exact sample in their first group (pass@G of the starting policy, as far as the
+        first visit shows it), had one in any group, were exact in every sample of their last group."""
+        first = sum(v[0][1] > 0 for v in self.visits.values() if v)
+        ever = sum(any(e > 0 for _, e, _ in v) for v in self.visits.values())
+        last_all = sum(v[-1][1] == v[-1][2] > 0 for v in self.visits.values() if v)
+        return {"prompts": len(self.visits), "exact_in_first_group": first, "exact_in_any_group": ever,
+                "all_exact_in_last_group": last_all}
+
+
+def prompt_visits(rollouts_path: str | Path, targets: Mapping[str, Action], groups_per_step: int) -> PromptVisits:
+    """The rollout dump's groups by prompt (a resumed run's repeated steps: the last attempt's groups, as
+    `sample_exact_by_step`)."""
+    by_step: dict[int, list[tuple[str, int, int]]] = {}
+    for row in read_jsonl(rollouts_path):
+        if row.error is not None or not isinstance(row.value, dict):
+            continue
+        step, eid = row.value.get("step"), row.value.get("example_id")
+        if type(step) is not int or eid not in targets:
+            raise DataError(f"{row.where}: expected a group of the prompts' examples with an integer step (got "
+                            f"step {step!r}, example {eid!r})")
+        texts = [s.get("text") for s in row.value.get("samples", [])]
+        by_step.setdefault(step, []).append((eid, sum(isinstance(t, str) and _exact(t, targets[eid])
+                                                      for t in texts), len(texts)))
+    visits: dict[str, list[tuple[int, int, int]]] = {eid: [] for eid in targets}
+    for step in sorted(by_step):
+        for eid, exact, n in by_step[step][-groups_per_step:]:
+            visits[eid].append((step, exact, n))
+    return PromptVisits(visits)
+
+
+@dataclass(frozen=True)
 class CurvePoint:
     step: int
     sample_exact: float
@@ -204,6 +242,16 @@ def render(summary: dict) -> str:
         lines.append(f"{LOGGED_KEY} (logged): first {k} steps {w['first']:.3f}, last {k} steps {w['last']:.3f}")
     before, after = GreedyExact(**g["before"]), GreedyExact(**g["after"])
     lines.append(f"greedy exact: before {before.render()}, after {after.render()}")
+    for name in ("before", "after"):
+        h = summary.get(f"pass_at_k_{name}")
+        if h:
+            lines.append(f"{name}, {h['n']} prompts: pass@1 {h['pass_at_1']:.3f}, sample exact {h['sample_exact']:.3f}, "
+                         f"pass@k {h['pass_at_k']:.3f} (eval run's samples at rollout.temperature)")
+    if summary.get("headroom"):
+        h = summary["headroom"]
+        lines.append(f"prompts with an exact sample: in their first group {h['exact_in_first_group']}, in any group "
+                     f"{h['exact_in_any_group']}; all samples exact in their last group "
+                     f"{h['all_exact_in_last_group']} (of {h['prompts']})")
     return "\n".join(lines)
 
 
@@ -354,9 +402,15 @@ def run_check(c: Check) -> dict:
     if counts.unreadable_lines:
         print(f"note: {counts.unreadable_lines} unreadable line(s) of {c.train_dir / 'rollouts.jsonl'} skipped (a "
               "write cut by a kill)", flush=True)
+    visits = prompt_visits(c.train_dir / "rollouts.jsonl", {e.example_id: e.target for e in chosen},
+                           prompts_per_step(c.train_dir))
     summary = {"sample_exact_source": "rollouts.jsonl: each sample's text vs its target, exact_match",
-               "num_prompts": c.num_prompts,
-               **curve_summary(curve_points(counts, read_metrics(c.train_dir / "metrics_grpo.jsonl")), before, after)}
+               "num_prompts": c.num_prompts, "headroom": visits.headroom(),
+               **curve_summary(curve_points(counts, read_metrics(c.train_dir / "metrics_grpo.jsonl")), before, after),
+               "visits": {eid: [list(v) for v in vs] for eid, vs in visits.visits.items()}}
+    for name in ("before", "after"):  # `eval run`'s own samples (eval.headroom_examples): pass@k of the N prompts
+        path = c.out / name / "headroom.json"
+        summary[f"pass_at_k_{name}"] = json.loads(path.read_text())["overall"] if path.exists() else None
     write_atomic(c.out / "curve.json", json.dumps(summary, indent=2))
     return summary
 

@@ -424,6 +424,10 @@ class EvalConfig:
     split: Literal["test", "val"] = "test"
     """Which held-out examples the pipeline's evaluations read: `val` (needs `data.val_fraction` > 0) while choosing
     models and settings, `test` once, for the final table."""
+    headroom_examples: int = bounded(256, ge=0)
+    """Headroom (issue 45; shop_r1/headroom.py): on this many of the evaluated examples (a sample seeded by `seed`;
+    all when fewer), rollout.group_size samples at rollout.temperature beside the greedy answer, for pass@1, sample
+    exact and pass@k per target type (samples.jsonl, headroom.json, the tables). 0: no samples drawn."""
     zero_shot: bool = True
     """Whether the pipeline evaluates the starting model (Table 2's zero-shot row). A model built from scratch
     (model.from_scratch) has no zero-shot ability to measure: its row is 0.00 % unparseable answers in every run."""

@@ -2,7 +2,10 @@
 
 Writes into `out_dir`: `predictions.jsonl` (one line per example: id, response, target, reward terms),
 `metrics.json` (exact match, type accuracy, macro-F1, per type as in Tables 2-3, plus mean reward terms) and
-`metrics.txt` (a readable table). Zero-shot prompting is this command on an untrained model.
+`metrics.txt` (a readable table). With eval.headroom_examples > 0 it also draws rollout.group_size samples at
+rollout.temperature on a seeded sample of that many examples: `samples.jsonl` (their texts) and `headroom.json`
+(pass@1, sample exact, pass@k per target type: shop_r1/headroom.py), also in metrics.txt. Zero-shot prompting is this
+command on an untrained model.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from shop_r1.comparison import Comparison
 from shop_r1.config import Config
 from shop_r1.distributed.engine_group import EngineGroup
 from shop_r1.distributed.reward_pool import RewardPool
+from shop_r1.headroom import Headroom, compute_headroom, format_headroom
 from shop_r1.metrics import EvalMetrics, compute_metrics, format_metrics_table
 from shop_r1.rollout.engine import max_model_len
 from shop_r1.rollout.metrics import REWARD_TERMS
@@ -33,6 +37,14 @@ class EvalReport:
     predictions_path: str
     metrics_path: str
     seconds: float
+    headroom: Headroom | None = None
+
+
+def headroom_indices(n: int, k: int, seed: int) -> list[int]:
+    """Which of n evaluated examples get samples: k of them drawn with `seed`, in file order (all when k >= n)."""
+    import random
+
+    return list(range(n)) if k >= n else sorted(random.Random(seed).sample(range(n), k))
 
 
 def reward_means(rewards: Sequence[RewardBreakdown]) -> dict[str, float]:
@@ -77,13 +89,44 @@ def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: s
             eta = elapsed / done * (len(prompts) - done)
             print(f"[eval {label} {done:>4d}/{len(prompts)} {elapsed:6.0f}s ETA {int(eta // 60)}m{int(eta % 60):02d}s]",
                   flush=True)
+        samples = _headroom_samples(cfg, engines, prompts, label) if cfg.eval.headroom_examples else None
     finally:
         engines.shutdown()
         pool.shutdown()
-    return _write_report(scored, out, label, time.perf_counter() - start)
+    headroom = _write_headroom(scored, samples, cfg.rollout.temperature, out) if samples is not None else None
+    return _write_report(scored, out, label, time.perf_counter() - start, headroom)
 
 
-def _write_report(scored: Sequence[ScoredGeneration], out: Path, label: str, seconds: float) -> EvalReport:
+def _headroom_samples(cfg: Config, engines: EngineGroup, prompts: list, label: str) -> dict[int, list[str]]:
+    """rollout.group_size samples at rollout.temperature of the `headroom_indices` examples, by example index."""
+    rows = headroom_indices(len(prompts), cfg.eval.headroom_examples, cfg.seed)
+    spec = SamplingSpec(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
+                        max_new_tokens=cfg.eval.max_new_tokens, top_k_logprobs=0, seed=cfg.seed + 1)
+    begin, out = time.perf_counter(), {}
+    for first in range(0, len(rows), EVAL_BATCH // 4):
+        part = rows[first:first + EVAL_BATCH // 4]
+        gens = engines.generate([prompts[i].token_ids for i in part], spec)
+        out.update({i: [c.text for c in g.completions] for i, g in zip(part, gens)})
+    print(f"[eval {label}] headroom: {cfg.rollout.group_size} samples at temperature {cfg.rollout.temperature:g} on "
+          f"{len(rows)} examples in {time.perf_counter() - begin:.0f}s", flush=True)
+    return out
+
+
+def _write_headroom(scored: Sequence[ScoredGeneration], samples: dict[int, list[str]], temperature: float,
+                    out: Path) -> Headroom:
+    rows = sorted(samples)
+    with (out / "samples.jsonl").open("w", encoding="utf-8") as f:
+        for i in rows:
+            f.write(json.dumps({"example_id": scored[i].prompt.example_id, "samples": samples[i]},
+                               ensure_ascii=False) + "\n")
+    headroom = compute_headroom([scored[i].generation.completions[0].text for i in rows], [samples[i] for i in rows],
+                                [scored[i].prompt.target for i in rows], temperature)
+    (out / "headroom.json").write_text(json.dumps(headroom.to_dict(), indent=2))
+    return headroom
+
+
+def _write_report(scored: Sequence[ScoredGeneration], out: Path, label: str, seconds: float,
+                  headroom: Headroom | None = None) -> EvalReport:
     responses = [s.generation.completions[0].text for s in scored]
     targets = [s.prompt.target for s in scored]
     rewards = [s.rewards[0] for s in scored]
@@ -99,8 +142,11 @@ def _write_report(scored: Sequence[ScoredGeneration], out: Path, label: str, sec
     metrics_path = out / "metrics.json"
     metrics_path.write_text(json.dumps({"label": label, **metrics.to_dict(), **means,
                                         "reward/num_failed": failures, "seconds": seconds}, indent=2))
-    (out / "metrics.txt").write_text(format_metrics_table(metrics, title=label) + "\n")
-    return EvalReport(label, metrics, means, failures, str(preds_path), str(metrics_path), seconds)
+    table = format_metrics_table(metrics, title=label)
+    if headroom is not None:
+        table += "\n\n" + format_headroom([(label, headroom)])
+    (out / "metrics.txt").write_text(table + "\n")
+    return EvalReport(label, metrics, means, failures, str(preds_path), str(metrics_path), seconds, headroom)
 
 
 def load_report(out_dir: str | Path) -> EvalReport:
@@ -116,8 +162,15 @@ def load_report(out_dir: str | Path) -> EvalReport:
         raise ValueError(f"{out}: predictions.jsonl holds {metrics.n} predictions, metrics.json says {saved.get('n')}"
                          ": the evaluation was cut short; remove the folder to evaluate again")
     means = {f"reward/{k}": saved[f"reward/{k}"] for k in REWARD_TERMS}
+    headroom_path = out / "headroom.json"
+    headroom = Headroom.from_dict(json.loads(headroom_path.read_text())) if headroom_path.exists() else None
     return EvalReport(saved["label"], metrics, means, int(saved["reward/num_failed"]), str(out / "predictions.jsonl"),
-                      str(out / "metrics.json"), float(saved["seconds"]))
+                      str(out / "metrics.json"), float(saved["seconds"]), headroom)
+
+
+def headroom_table(reports: Sequence[EvalReport]) -> str:
+    """The headroom lines of the reports that have one ("" when none does)."""
+    return format_headroom([(r.label, r.headroom) for r in reports if r.headroom is not None])
 
 
 def comparison_rows(reports: Sequence[EvalReport], baseline: str = "SFT",

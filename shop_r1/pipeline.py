@@ -171,7 +171,7 @@ def _pad_id(model_dir: str) -> int:
 def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.comparison import format_comparison
     from shop_r1.distributed.runtime import start_ray
-    from shop_r1.evaluate import comparison_rows, evaluate, load_report
+    from shop_r1.evaluate import comparison_rows, evaluate, headroom_table, load_report
     from shop_r1.report import make_report
     from shop_r1.rollout.engine import max_model_len
     from shop_r1.sft import run_sft
@@ -261,9 +261,13 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     comparison = comparison_rows(reports, baseline="SFT", train_examples_path=built.sft_train_path,
                                  test_examples_path=eval_path)
     table = format_comparison(comparison)
+    headroom = headroom_table(reports)
+    if headroom:
+        table += "\n\n" + headroom
     (run / "results.md").write_text("```\n" + table + "\n```\n")
     (run / "results.json").write_text(json.dumps(
-        {**{r.label: r.metrics.to_dict() for r in reports}, "comparison": comparison.to_dict()}, indent=2))
+        {**{r.label: r.metrics.to_dict() for r in reports}, "comparison": comparison.to_dict(),
+         "headroom": {r.label: r.headroom.to_dict() for r in reports if r.headroom is not None}}, indent=2))
     print("\n" + table, flush=True)
     report = make_report(run)
     print(f"report: {report.markdown_path}", flush=True)

@@ -18,6 +18,7 @@ from experiments.overfit import (
     curve_summary,
     greedy_exact,
     main,
+    prompt_visits,
     prompts_stage,
     render,
     request_changes,
@@ -127,6 +128,25 @@ def test_sample_exact_counts_each_steps_last_attempt(tmp_path):
                {"step": 3, "reward/action_type": 0.25}]
     assert curve_points(counts, metrics) == [CurvePoint(1, 0.5, 4, 0.5), CurvePoint(2, 0.75, 4, None),
                                              CurvePoint(3, 0.25, 4, 0.25)]
+
+
+def test_prompt_visits_and_headroom_by_hand(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    lines = [
+        _rollout(1, "s0:1", RIGHT["s0:1"], WRONG),           # s0 first visit: 1 of 2
+        _rollout(1, "s1:1", WRONG, WRONG),                   # s1 first visit: 0 of 2
+        _rollout(2, "s2:1", WRONG, WRONG),                   # killed attempt of step 2: dropped
+        _rollout(2, "s1:1", RIGHT["s1:1"], RIGHT["s1:1"]),   # the resumed step 2: s1 2 of 2
+        _rollout(2, "s2:1", WRONG, WRONG),                   # s2: 0 of 2
+        _rollout(3, "s0:1", RIGHT["s0:1"], RIGHT["s0:1"]),   # s0 last visit: 2 of 2
+        _rollout(3, "s2:1", WRONG, WRONG),                   # s2 never exact
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    visits = prompt_visits(path, TARGETS, groups_per_step=2)
+    assert visits.visits == {"s0:1": [(1, 1, 2), (3, 2, 2)], "s1:1": [(1, 0, 2), (2, 2, 2)],
+                             "s2:1": [(2, 0, 2), (3, 0, 2)]}
+    assert visits.headroom() == {"prompts": 3, "exact_in_first_group": 1, "exact_in_any_group": 2,
+                                 "all_exact_in_last_group": 2}
 
 
 def test_a_rollout_of_another_example_is_an_error(tmp_path):
