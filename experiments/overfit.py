@@ -245,7 +245,8 @@ def render(summary: dict) -> str:
     for name in ("before", "after"):
         h = summary.get(f"pass_at_k_{name}")
         if h:
-            lines.append(f"{name}, {h['n']} prompts: pass@1 {h['pass_at_1']:.3f}, sample exact {h['sample_exact']:.3f}, "
+            lines.append(f"{name}, {h['n']} prompts: pass@1 {h['pass_at_1']:.3f}, "
+                         f"sample exact {h['sample_exact']:.3f}, "
                          f"pass@k {h['pass_at_k']:.3f} (eval run's samples at rollout.temperature)")
     if summary.get("headroom"):
         h = summary["headroom"]

@@ -473,7 +473,10 @@ class RLConfig:
     steps: int = bounded(500, ge=1)
     """GRPO steps (one rollout batch each)."""
     lr: float = bounded(1e-7, gt=0)
-    """Learning rate."""
+    """Learning rate (constant after rl.warmup_steps)."""
+    warmup_steps: int = bounded(0, ge=0)
+    """GRPO steps over which the learning rate rises linearly from 0 to rl.lr (0: none, the paper's). Adam's first
+    steps move every weight by about the learning rate whatever its gradient's size; a warm-up damps them."""
     global_batch_size: int = bounded(64, ge=1)
     """Prompts x group samples per rollout batch, as in the paper (per-device batch 1 on 64 ranks); a multiple of
     rollout.group_size."""

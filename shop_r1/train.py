@@ -309,7 +309,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
         pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
         # The schedule counts optimizer steps: rl.num_minibatches of them a GRPO step.
         learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps * cfg.rl.num_minibatches, cfg.seed,
-                                local=local, reference_path=policy_path, learner_cls=learner_cls)
+                                warmup_steps=cfg.rl.warmup_steps * cfg.rl.num_minibatches, local=local,
+                                reference_path=policy_path, learner_cls=learner_cls)
         sync: WeightSync = weight_sync_from_config(cfg, learners, engines, local)
         threads = {"threads/engine_min": min(engines.num_threads()),
                    "threads/learner_min": min(learners.num_threads())}
