@@ -253,3 +253,13 @@ def test_a_failing_stage_is_named(capsys):
     # `shop-r1` refuses the flag in argparse, before any heavy import: a real subprocess, about a second.
     with pytest.raises(StageFailed, match=r"stage before: `shop-r1 eval run \.\.\.` exited with status 2"):
         run_shop_r1("before", ["eval", "run", "--no-such-flag"])
+
+
+def test_plot_overfit_moving_mean_is_a_trailing_window():
+    from experiments.plot_overfit import moving_mean
+
+    # hand-computed: window 2 -> [1/1, (1+0)/2, (0+1)/2, (1+1)/2]
+    assert moving_mean([1.0, 0.0, 1.0, 1.0], 2) == [1.0, 0.5, 0.5, 1.0]
+    assert moving_mean([0.5], 10) == [0.5]
+    with pytest.raises(ValueError, match="window"):
+        moving_mean([1.0], 0)
