@@ -212,7 +212,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from shop_r1.config import check_context_budget
+    from shop_r1.config import validate
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
     from shop_r1.distributed.runtime import ray_runtime
@@ -228,7 +228,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         return _dry_run(args, cfg, "train", model)
     context = max_model_len(cfg, model)
-    check_context_budget(cfg, context, stages=("rl",))
+    validate(cfg, "train", max_model_len=context)  # before the run folder is written; run_grpo adds the prompts
     if not args.resume:
         start_run_config(cfg.run_dir, cfg)
     tok = AutoTokenizer.from_pretrained(model)
