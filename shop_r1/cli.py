@@ -266,6 +266,11 @@ def cmd_model_import_smollm2(args: argparse.Namespace) -> None:
 def cmd_config_show(args: argparse.Namespace) -> None:
     from shop_r1.config import describe
 
+    if args.doc is not None:  # the schema's own words: key, type, default, range and the field's docstring
+        from shop_r1.config.docs import render_docs
+
+        print(render_docs(args.doc or None))
+        return
     print(describe(_config(args)))
 
 
@@ -444,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cfg = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True,
                                                                         parser_class=_Parser)
-    p = cfg.add_parser("show", help="print the resolved config")
+    p = cfg.add_parser("show", help="print the resolved config, or with --doc what each key means")
+    p.add_argument("--doc", nargs="?", const="", default=None, metavar="KEY",
+                   help="print KEY's type, default, range and documentation (a section's name: its keys; no KEY: "
+                        "every key, by section) instead of the resolved config")
     _add_config_args(p)
     p.set_defaults(func=cmd_config_show)
     return parser

@@ -70,19 +70,19 @@ def _yaml_value(value: Any) -> str:
 
 
 def key_docs(cls: type = Config, prefix: str = "") -> list[KeyDoc]:
-    """Every key of the config, in the order of the dataclasses (the top-level keys first, then each section)."""
+    """Every key of the config, in the order of the dataclasses' fields (a nested section's keys where it is)."""
     hints, docs = typing.get_type_hints(cls), field_docstrings(cls)
-    leaves, sections = [], []
+    out = []
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         if dataclasses.is_dataclass(hints[f.name]):
-            sections += key_docs(hints[f.name], key + ".")
+            out += key_docs(hints[f.name], key + ".")
             continue
         allowed = RANGES.get(key)
-        leaves.append(KeyDoc(key=key, section=key.split(".")[0] if "." in key else "", type=_type_name(hints[f.name]),
+        out.append(KeyDoc(key=key, section=key.split(".")[0] if "." in key else "", type=_type_name(hints[f.name]),
                              default=_yaml_value(f.default), range=str(allowed) if allowed else "",
                              doc=docs.get(f.name, "")))
-    return leaves + sections
+    return out
 
 
 def render_docs(key: str | None = None) -> str:
