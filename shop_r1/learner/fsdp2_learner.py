@@ -82,9 +82,6 @@ class FSDP2Learner:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
         from transformers import AutoModelForCausalLM
 
-        if cfg.offload_optimizer:
-            raise ValueError("learner.offload_optimizer is DeepSpeed ZeRO's CPU offload; learner.backend=fsdp2 has "
-                             "none: set learner.offload_optimizer=false or learner.backend=deepspeed")
         self.on_gpu = torch.cuda.is_available()
         self._device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.on_gpu \
             else torch.device("cpu")

@@ -221,7 +221,7 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
     Memory: every micro-batch's graph of this rank (the kept rows' only, where they are known first) is alive at
     once until the backward (step 4), so the peak is the activations of the whole share, not of one micro-batch
     (gradient checkpointing, learner.gradient_checkpointing, keeps that to each layer's input). One mini-batch only
-    (`cfg.num_minibatches` = 1: config.py refuses more). Under ZeRO-3 and FSDP2 every rank makes as many no-grad
+    (`cfg.num_minibatches` = 1: the config refuses more). Under ZeRO-3 and FSDP2 every rank makes as many no-grad
     and as many grad forwards (`micro_batches` pads each kind), whatever its share holds.
 
     Nothing is trained when no row is left (every group dropped) or a reward or advantage is NaN/inf (that cause is

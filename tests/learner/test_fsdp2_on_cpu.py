@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from shop_r1.config import LearnerConfig, RLConfig
+from shop_r1.config import ConfigError, LearnerConfig, RLConfig, load_config
 from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
 from shop_r1.learner.fsdp2_learner import FSDP2Learner
 from shop_r1.learner.sft_step import empty_micro_batch, token_loss_sum
@@ -148,6 +148,8 @@ def test_a_nonfinite_step_changes_nothing(tiny_model_dir):
     assert not done.nonfinite and _max_diff(dict(learner.named_weights()), before) > 1e-3
 
 
-def test_zero_cpu_offload_is_refused_naming_the_key(tiny_model_dir):
-    with pytest.raises(ValueError, match="learner.offload_optimizer"):
-        FSDP2Learner(str(tiny_model_dir), LearnerConfig(offload_optimizer=True), lr=1e-3, total_steps=1)
+def test_zero_cpu_offload_is_refused_naming_the_key():
+    # The config's rule (shop_r1/config/learner.py), said when the config loads, before any rank starts.
+    with pytest.raises(ConfigError, match="learner.offload_optimizer is DeepSpeed ZeRO's CPU offload"):
+        load_config(None, ["learner.backend=fsdp2", "learner.offload_optimizer=true"])
+    load_config(None, ["learner.backend=deepspeed", "learner.offload_optimizer=true"])
