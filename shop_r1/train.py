@@ -271,8 +271,8 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     start_time = time.perf_counter()
     out, group_size, ckpt_root = Path(out_dir), cfg.rollout.group_size, Path(out_dir) / "checkpoints"
     print(f"  starting {cfg.rollout.num_engines} rollout engine(s) (vLLM), {cfg.reward_pool.num_workers} reward "
-          f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy (DeepSpeed), and the "
-          "weight-sync group", flush=True)
+          f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy ({cfg.learner.backend}), "
+          "and the weight-sync group", flush=True)
     # Whatever was started is torn down on the way out, a failure during start-up included (a restart must not leave
     # the previous attempt's actors running).
     engines = pool = learners = source = tracker = files = None
