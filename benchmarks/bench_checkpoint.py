@@ -44,12 +44,12 @@ def main() -> None:
 
     from shop_r1 import checkpoint
     from shop_r1.config import LearnerConfig
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.rank import LearnerRank
     from shop_r1.learner.sft_data import MicroBatch
 
     with tempfile.TemporaryDirectory() as tmp:
         model = model_dir(args.model, Path(tmp))
-        learner = DeepSpeedLearner(model, LearnerConfig(zero_stage=0), lr=1e-5, total_steps=10)
+        learner = LearnerRank(model, LearnerConfig(zero_stage=0), lr=1e-5, total_steps=10)
         ids = torch.randint(0, 100, (1, 64))
         learner.sft_step([MicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids), 64)], 64)  # optimizer state
         root, times = Path(tmp) / "checkpoints", []

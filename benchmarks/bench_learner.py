@@ -118,15 +118,15 @@ def group(args: argparse.Namespace) -> dict:
 
 
 def in_process(args: argparse.Namespace) -> dict:
-    """Child process: the learner (DeepSpeedLearner) called directly, without Ray: what the group runs in each rank's
-    actor, for machines without Ray (the GPU machine) or to separate the Ray hop."""
+    """Child process: the learner (LearnerRank, learner.backend=deepspeed) called directly, without Ray: what the
+    group runs in each rank's actor, for machines without Ray (the GPU machine) or to separate the Ray hop."""
     from shop_r1.config import LearnerConfig, RLConfig
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.rank import LearnerRank
 
     cfg = LearnerConfig(zero_stage=args.zero_stage,
                         max_tokens_per_micro_batch=args.batch * (args.prompt_tokens + args.completion_tokens),
                         shared_prompt=args.shared_prompt == "on")
-    learner = DeepSpeedLearner(args.model, cfg, 1e-6, 100, reference_path=args.model)
+    learner = LearnerRank(args.model, cfg, 1e-6, 100, reference_path=args.model)
     rl = RLConfig()
     return _timed(args, lambda batch: learner.grpo_step(batch, rl.loss_config(args.completion_tokens)))
 

@@ -73,7 +73,7 @@ def make_batch(args: argparse.Namespace, vocab: int):
 
 
 class PlainBackend:
-    """The TrainingBackend protocol in plain torch, one rank: backward accumulates, the optimizer step only clears the
+    """The TrainingRank protocol in plain torch, one rank: backward accumulates, the optimizer step only clears the
     gradient (the weights stay fixed, so every timed step does the same work)."""
 
     def __init__(self, model, cfg):

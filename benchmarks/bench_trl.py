@@ -279,7 +279,7 @@ def _engine_facts(engine: Any) -> dict:
 
 
 def _learner_facts(learner: Any) -> dict:
-    module, ref = learner.engine.module, learner.reference
+    module, ref = learner.backend.engine.module, learner.reference
     return {"dtype": str(next(module.parameters()).dtype).removeprefix("torch."),
             "reference": str(next(ref.parameters()).dtype).removeprefix("torch.") if ref is not None else "none",
             "gradient_checkpointing": bool(module.is_gradient_checkpointing)}
@@ -322,9 +322,9 @@ def _shop_r1_settings(cfg: Any, notes: list[dict]) -> dict:
 
     def per_actor(key: str) -> dict:
         return {name: one_value([n[key] for n in notes if n["actor"] == actor])
-                for name, actor in (("learner", "DeepSpeedLearner"), ("engine", "VLLMEngine"))}
+                for name, actor in (("learner", "LearnerRank"), ("engine", "VLLMEngine"))}
 
-    learner = [n for n in notes if n["actor"] == "DeepSpeedLearner"]
+    learner = [n for n in notes if n["actor"] == "LearnerRank"]
     on = {True: "on", False: "off"}
     return {
         "threads (torch.get_num_threads)": per_actor("torch_threads"), "OMP_NUM_THREADS": per_actor("omp_num_threads"),
@@ -352,7 +352,7 @@ def side_shop_r1(args: argparse.Namespace) -> dict:
 
     from shop_r1.config import load_config
     from shop_r1.distributed.runtime import start_ray
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.rank import LearnerRank
     from shop_r1.rollout.vllm_engine import VLLMEngine
     from shop_r1.train import run_grpo
     from shop_r1.types import Prompt
@@ -375,7 +375,7 @@ def side_shop_r1(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         run_grpo(cfg, model, prompts, run / "grpo", local=False, pad_id=tok.pad_token_id or 0,
                  engine_cls=observed(VLLMEngine, "generate", str(log), _engine_facts),
-                 learner_cls=observed(DeepSpeedLearner, "grpo_step", str(log), _learner_facts))
+                 learner_cls=observed(LearnerRank, "grpo_step", str(log), _learner_facts))
         wall = time.perf_counter() - t0
     finally:
         runtime.shutdown()
@@ -398,7 +398,7 @@ def side_shop_r1(args: argparse.Namespace) -> dict:
     out["threads_metrics"] = {k: v for k, v in rows[0].items() if k.startswith("threads/")} if rows else {}
     # Each actor's peak so far, as noted when its last step began (the last step's own peak is not seen).
     out["peak_rss_gib"] = {name: max((n["peak_rss_gib"] for n in notes if n["actor"] == actor), default=0.0)
-                           for name, actor in (("learner", "DeepSpeedLearner"), ("engine", "VLLMEngine"))}
+                           for name, actor in (("learner", "LearnerRank"), ("engine", "VLLMEngine"))}
     return out
 
 

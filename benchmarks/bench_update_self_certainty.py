@@ -90,7 +90,7 @@ def build_model(shape: str):
 
 
 class PlainBackend:
-    """The TrainingBackend protocol in plain torch, one rank: learner.backend=fsdp2's optimizer step without the
+    """The TrainingRank protocol in plain torch, one rank: learner.backend=fsdp2's optimizer step without the
     sharding (clip, finiteness check, AdamW step, zero the gradients), at lr = 0 so that the weights never move."""
 
     def __init__(self, model, reference, cfg):

@@ -263,7 +263,7 @@ def request_changes(saved: Mapping[str, object], now: Mapping[str, object]) -> l
 
 
 def check_overrides(config: Path, overrides: Sequence[str]) -> None:
-    """The overrides resolve on `config` as the stages will resolve them (config.py's rules: a ConfigError naming the
+    """The overrides resolve on `config` as the stages will resolve them (the config's rules: a ConfigError naming the
     key), and none sets a key the check sets itself."""
     from shop_r1.config import load_config
 

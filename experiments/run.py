@@ -50,6 +50,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from experiments.same_config import (  # noqa: E402
+    check_carry,
+    config_changes,
+    seed_overrides,
+    with_overrides,
+)
 from experiments.suites import (  # noqa: E402
     ALIASES,
     SHOP_R1,
@@ -62,7 +68,7 @@ from experiments.suites import (  # noqa: E402
 )
 from experiments.summarize import carried_seeds, summarize, summarize_seeds  # noqa: E402
 from shop_r1.atomic import write_atomic  # noqa: E402
-from shop_r1.config import Config, ConfigError, config_to_dict, load_config, save_config  # noqa: E402
+from shop_r1.config import Config, ConfigError, load_config, save_config  # noqa: E402
 
 BASE_CONFIG = ROOT / "experiments" / "configs" / "base.yaml"
 V2_BASE_CONFIG = ROOT / "configs" / "demo_cpu.yaml"
@@ -84,34 +90,6 @@ def v2_base_config(path: str | Path, overrides: list[str] | tuple[str, ...]) -> 
     if cfg.data.synth_version < 2:
         raise ConfigError(f"data.synth_version={cfg.data.synth_version}: the v2 suites need the profiled shop (2-4)")
     return cfg
-
-
-def seed_overrides(root: Path, k: int) -> tuple[str, ...]:
-    return f"seed={k}", f"data.synth_seed={k}", f"run_dir={seed_workspace(root, k)}"
-
-
-# Keys that do not change a result: a workspace made with other values of these is still the same experiment.
-NOT_RESULTS = ("run_dir", "storage_uri", "logging.", "ray.")
-SAME_RESULTS = ("learner.attention", "learner.shared_prompt", "learner.pack_sequences", "learner.last_layer_at_targets",
-                "learner.max_tokens_per_micro_batch", "data.synthetic")
-"""How the learner lays out and runs its forwards: the same logprobs and gradients (tested), so a workspace or a
-carried table made before one of these changed (e.g. learner.attention's default) is the same experiment.
-`data.synthetic` only permits the synthetic shop that an empty data.sessions_path always meant before it existed."""
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def config_changes(saved: Config, cfg: Config) -> list[str]:
-    """`key: saved -> new` for every setting that differs and can change a result: not the paths and logging, nor
-    the learner's forwards whose outputs and gradients are exactly equal (SAME_RESULTS)."""
-    a, b = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k) and not k.startswith(NOT_RESULTS) and k not in SAME_RESULTS]
 
 
 @dataclass(frozen=True)
@@ -195,7 +173,7 @@ class Workspace:
         hf = self.root / "sft" / "hf"
         if not _done(hf / "done.json"):
             start = time.perf_counter()
-            cfg = _with(self.cfg, [f"run_dir={self.root / 'sft'}"])
+            cfg = with_overrides(self.cfg, [f"run_dir={self.root / 'sft'}"])
             result = run_sft(cfg, self.base_model(), self.data()["sft_train"], self.root / "sft", local)
             _mark(hf / "done.json", {"steps": result.num_steps, "first_loss": result.first_loss,
                                      "last_loss": result.last_loss, "seconds": result.seconds})
@@ -224,7 +202,7 @@ class Workspace:
             print(f"  SFT continued: {plan.steps} more steps ({plan.rl_seconds:.0f} s of GRPO at "
                   f"{plan.seconds_per_step:.2f} s per SFT step)", flush=True)
             start = time.perf_counter()
-            cfg = _with(self.cfg, [f"run_dir={out}", f"sft.max_steps={plan.steps}"])
+            cfg = with_overrides(self.cfg, [f"run_dir={out}", f"sft.max_steps={plan.steps}"])
             save_config(cfg, out / "config.yaml")
             result = run_sft(cfg, sft, self.data()["sft_train"], out, local)
             _mark(out / "hf" / "done.json", {"steps": result.num_steps, "first_loss": result.first_loss,
@@ -253,7 +231,7 @@ class Workspace:
         if not _done(out / "done.json"):
             start = time.perf_counter()
             sft = self.sft(local)
-            cfg = _with(self.cfg, [*(row.rl_overrides or ()), f"run_dir={out}"])
+            cfg = with_overrides(self.cfg, [*(row.rl_overrides or ()), f"run_dir={out}"])
             save_config(cfg, out / "config.yaml")
             resumed = (out / "grpo").exists()
             result = run_grpo(cfg, sft, _rl_prompts(cfg, sft, self.data()["rl_train"]), out / "grpo", local,
@@ -275,22 +253,6 @@ class Workspace:
         return out
 
 
-def _with(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
-    """A copy of `cfg` with dotted overrides applied (validated like the CLI's)."""
-    import yaml
-
-    from shop_r1.config import config_to_dict
-
-    tmp = Path(cfg.run_dir if Path(cfg.run_dir).is_absolute() else ROOT / cfg.run_dir).parent
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f".cfg-{time.monotonic_ns()}.yaml"
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    try:
-        return load_config(path, list(overrides))
-    finally:
-        path.unlink()
-
-
 def _run_rows(suite_name: str, rows: tuple[Row, ...], ws: Workspace, local: bool) -> None:
     # "SFT continued" needs the Shop-R1 GRPO stage's time: the other rows first.
     for row in sorted(rows, key=lambda r: r.model == "sft_continued"):
@@ -305,7 +267,7 @@ def run_suite(name: str, root: Path, results_root: Path, overrides: list[str]) -
     cfg = load_config(BASE_CONFIG, [*overrides, *suite.workspace_overrides])
     ws_root = root / suite.workspace if suite.workspace else root
     ws_root.mkdir(parents=True, exist_ok=True)
-    cfg = _with(cfg, [f"run_dir={ws_root}"])
+    cfg = with_overrides(cfg, [f"run_dir={ws_root}"])
     save_config(cfg, ws_root / "config.yaml")
     ws = Workspace(cfg, ws_root)
     ws.data()
@@ -322,7 +284,7 @@ def open_seed_workspace(base: Config, root: Path, k: int) -> Workspace:
     """Seed k's workspace with its config written, or checked against the one it was made with: a row reused from
     another suite (or another run of this one) must come from the same settings."""
     ws_root = seed_workspace(root, k)
-    cfg = _with(base, seed_overrides(root, k))
+    cfg = with_overrides(base, seed_overrides(root, k))
     saved = ws_root / "config.yaml"
     if saved.exists():
         changes = config_changes(load_config(saved), cfg)
@@ -428,17 +390,6 @@ def parse_adopt(values: list[str], seeds: tuple[int, ...]) -> dict[int, Path]:
             raise ConfigError(f"--adopt {v!r}: seed {int(k)} is not among --seeds {list(seeds)}")
         out[int(k)] = Path(path)
     return out
-
-
-def check_carry(carry: Path, base: Config, root: Path) -> None:
-    """An earlier summary's seeds join this run's table only if it was made with this config (seeds aside)."""
-    path = carry / "config.yaml"
-    if not path.exists():
-        raise ConfigError(f"--carry {carry}: no config.yaml there (not a v2 suite's results folder)")
-    saved = load_config(path)
-    changes = config_changes(saved, _with(base, seed_overrides(root, saved.seed)))
-    if changes:
-        raise ConfigError(f"--carry {carry}: made with another config ({'; '.join(changes)})")
 
 
 def run_v2_suite(name: str, root: Path, results_root: Path, overrides: list[str], seeds: tuple[int, ...],

@@ -19,6 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from experiments.same_config import check_carry  # noqa: E402
 from experiments.suites import (  # noqa: E402
     ALIASES,
     PAPER,
@@ -687,8 +688,6 @@ if __name__ == "__main__":
             parser.error(f"no v2 workspace under {args.root}/v2 for seeds {args.seeds}")
         carry = Path(args.carry) if args.carry else None
         if carry is not None:  # the seeds not made here are the carried table's, not "not run yet"
-            from experiments.run import check_carry
-
             check_carry(carry, load_config(made[0]), Path(args.root))
             wss = {k: w for k, w in wss.items() if (w / "config.yaml").exists()}
         print(summarize_seeds(args.suite, v2_suite(args.suite, load_config(made[0])), wss, Path(args.results), carry))

@@ -212,7 +212,7 @@ def cmd_sft(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
-    from shop_r1.config import check_context_budget
+    from shop_r1.config import validate
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
     from shop_r1.distributed.runtime import ray_runtime
@@ -228,7 +228,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         return _dry_run(args, cfg, "train", model)
     context = max_model_len(cfg, model)
-    check_context_budget(cfg, context, stages=("rl",))
+    validate(cfg, "train", max_model_len=context)  # before the run folder is written; run_grpo adds the prompts
     if not args.resume:
         start_run_config(cfg.run_dir, cfg)
     tok = AutoTokenizer.from_pretrained(model)
@@ -266,6 +266,11 @@ def cmd_model_import_smollm2(args: argparse.Namespace) -> None:
 def cmd_config_show(args: argparse.Namespace) -> None:
     from shop_r1.config import describe
 
+    if args.doc is not None:  # the schema's own words: key, type, default, range and the field's docstring
+        from shop_r1.config.docs import render_docs
+
+        print(render_docs(args.doc or None))
+        return
     print(describe(_config(args)))
 
 
@@ -444,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cfg = sub.add_parser("config", help="configuration").add_subparsers(dest="config_command", required=True,
                                                                         parser_class=_Parser)
-    p = cfg.add_parser("show", help="print the resolved config")
+    p = cfg.add_parser("show", help="print the resolved config, or with --doc what each key means")
+    p.add_argument("--doc", nargs="?", const="", default=None, metavar="KEY",
+                   help="print KEY's type, default, range and documentation (a section's name: its keys; no KEY: "
+                        "every key, by section) instead of the resolved config")
     _add_config_args(p)
     p.set_defaults(func=cmd_config_show)
     return parser

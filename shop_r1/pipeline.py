@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shop_r1.config import Config, ConfigError, check_context_budget, check_sessions_source, config_to_dict
+from shop_r1.config import Config, ConfigError, config_to_dict
+from shop_r1.config import validate as check_config
 from shop_r1.run_config import HARMLESS, check_resume, flatten, start_run_config
 from shop_r1.stages import Ledger, file_fingerprint, stage_key
 from shop_r1.storage import mirror_or_warn, mirror_run
@@ -177,7 +178,9 @@ def run_pipeline(cfg: Config) -> PipelineResult:
     from shop_r1.sft import run_sft
     from shop_r1.train import run_grpo
 
-    check_sessions_source(cfg.data)  # before the run folder, the model or Ray: a config meant for real data stops here
+    # Every rule the config, the stage and the sessions source decide, before the run folder, the model or Ray (a
+    # config meant for real data stops here); the model's context is checked once the model is there.
+    check_config(cfg, "pipeline")
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     if (run / "config.yaml").exists():  # a re-run: changed stages run again (their keys say so); record the changes
@@ -192,7 +195,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
         model_dir = Path(ledger.run("model", k_model, lambda resume: {"dir": str(prepare_model(cfg, run))})["dir"])
         print(f"  policy model: {model_dir}")
         # Prompt + answer must fit the model's context: said here, before any stage tokenizes or trains.
-        check_context_budget(cfg, max_model_len(cfg, str(model_dir)))
+        check_config(cfg, "pipeline", max_model_len=max_model_len(cfg, str(model_dir)))
     with _stage("sessions", cfg):
         sessions_input = {"data.sessions_path": file_fingerprint(cfg.data.sessions_path)} \
             if cfg.data.sessions_path else {}

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shop_r1.config import Config, ConfigError, check_context_budget, check_sessions_source, parse_resources
+from shop_r1.config import Config, ConfigError, parse_resources, validate
 from shop_r1.errors import DataError
 
 GIB = 1024**3
@@ -218,16 +218,16 @@ def check_prompt_budget(cfg: Config, model_dir: str, sessions: list) -> str:
 
 
 def plan_run(cfg: Config, stage: str, model: str | None, sessions_path: str | None) -> Plan:
-    """Everything `--dry-run` checks without Ray, in the order a run would meet it: the sessions source (pipeline),
-    the model (a folder, or a hub id sized from its config and tokenizer files alone), the context budget, the
+    """Everything `--dry-run` checks without Ray, in the order a run would meet it: the stage's config rules
+    (shop_r1/config/validate.py: the pipeline's sessions source and split, GRPO's sampling and transport), the
+    model (a folder, or a hub id sized from its config and tokenizer files alone), the context budget, the
     sessions' lines and the prompt budget on a sample. `model` None: the run builds its model itself (the
     from-scratch shop model or the embedded default), so it is not sized. `sessions_path` None: the synthetic shop,
     or (sft, train) an examples file checked by the command."""
     from shop_r1.models.hub import hub_config, is_hub_id
     from shop_r1.rollout.engine import max_model_len
 
-    if stage == "pipeline":
-        check_sessions_source(cfg.data)
+    validate(cfg, stage)  # what the config and the stage decide (the pipeline: its sessions source), as the run does
     checks, shape, max_len = [], None, cfg.model.max_context_tokens
     if model and is_hub_id(model):
         checks.append(f"model: {model} is a Hugging Face id: the run downloads it once into "
@@ -238,8 +238,7 @@ def plan_run(cfg: Config, stage: str, model: str | None, sessions_path: str | No
         max_len = max_model_len(cfg, model)
         checks.append(f"model: {model}: {shape.num_params / 1e6:.1f}M parameters (from config.json), context "
                       f"{max_len} tokens")
-        check_context_budget(cfg, max_len, stages=("sft", "rl", "eval") if stage == "pipeline" else
-                             ("sft",) if stage == "sft" else ("rl",))
+        validate(cfg, stage, max_model_len=max_len)
         checks.append("context budget: prompts + answers fit the model's context")
     else:
         checks.append("model: built by the run (model.from_scratch or the embedded default): not sized here")

@@ -43,7 +43,7 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
 
     A learner rank that dies ends the attempt; its actors are torn down and SFT resumes from the last checkpoint in
     the same process, up to `sft.max_restarts` times (steps after that checkpoint run again and are logged again;
-    readers keep the last record of a step). `learner_cls` replaces the DeepSpeed learner actor (fault tests).
+    readers keep the last record of a step). `learner_cls` replaces the learner rank actor (fault tests).
     """
     from transformers import AutoTokenizer
 
@@ -80,7 +80,7 @@ def _run_sft_attempt(cfg: Config, model_path: str, tokenized: Any, pad: int, out
     print(f"SFT: {len(sequences)} conversations ({tokenized.num_dropped} dropped as too long), "
           f"{total_steps} steps ({num_epochs} epoch(s) of {steps_per_epoch}), {cfg.learner.num_ranks} rank(s)",
           flush=True)
-    print(f"  starting {cfg.learner.num_ranks} DeepSpeed learner rank(s)", flush=True)
+    print(f"  starting {cfg.learner.num_ranks} learner rank(s) ({cfg.learner.backend})", flush=True)
     group = LearnerGroup(model_path, cfg.learner, cfg.sft.lr, total_steps, cfg.seed, local=local,
                          warmup_steps=round(cfg.sft.warmup_ratio * total_steps), lr_schedule=cfg.sft.lr_schedule,
                          learner_cls=learner_cls)

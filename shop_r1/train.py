@@ -24,6 +24,7 @@ from shop_r1.algo.advantages import GroupAdvantages
 from shop_r1.algo.batch import GRPOBatch, build_grpo_batch
 from shop_r1.algo.step_rewards import StepRewards
 from shop_r1.config import Config, config_to_dict
+from shop_r1.config import validate as check_config
 from shop_r1.data.sampler import Cursor, PromptSampler
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
 from shop_r1.distributed.learner_group import LearnerGroup
@@ -50,21 +51,6 @@ class GRPOResult:
     first_reward: float
     last_reward: float
     seconds: float
-
-
-def check_sampling_config(cfg: Config) -> None:
-    """s(r) is defined on the temperature-1 distribution, but the engines return the sampling distribution's
-    logprobs (temperature T): the top-k estimate is only that of s(r) when T = 1."""
-    from shop_r1.config import ConfigError, check_ranges
-
-    check_ranges(cfg)  # a Config built in code gets the same range checks as a loaded one
-    if cfg.reward.self_certainty.source == "topk_logprobs" and cfg.rollout.temperature != 1.0:
-        raise ConfigError(f"reward.self_certainty.source=topk_logprobs needs rollout.temperature=1 (got "
-                          f"{cfg.rollout.temperature}): the engines' top-k logprobs are those of the sampling "
-                          "distribution; use reward.self_certainty.source=learner_logits (exact, at temperature 1)")
-    if cfg.rl.loss_tokens == "action" and cfg.reward.self_certainty.source == "update_logits":
-        raise ConfigError("rl.loss_tokens=action does not combine with reward.self_certainty.source=update_logits "
-                          "(its forward reads the rationale's tokens from the loss mask): use learner_logits")
 
 
 def with_learner_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
@@ -116,8 +102,8 @@ def learner_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
 
 def update_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
     """reward.self_certainty.source=update_logits with the Shop-R1 hybrid reward: the update's own forward gives s(r)
-    and the learner the advantages (`update_from_own_logits`). A plug-in score function given in code (config.py
-    refuses update_logits with reward.fn) trains as under learner_logits: its totals are its own."""
+    and the learner the advantages (`update_from_own_logits`). A plug-in score function given in code (shop_r1/config/
+    reward.py refuses update_logits with reward.fn) trains as under learner_logits: its totals are its own."""
     return score_fn is score_response and cfg.reward.self_certainty.source == "update_logits"
 
 
@@ -230,23 +216,11 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     from shop_r1.distributed.actors import with_restarts
 
     score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
-    check_prompts(cfg, prompts, val_prompts)
+    check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local)  # before any actor starts
     val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
     return with_restarts(lambda again: _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or again,
                                                          pad_id, score_fn, engine_cls, learner_cls, val),
                          cfg.rl.max_restarts, local, "grpo")
-
-
-def check_prompts(cfg: Config, prompts: list[Prompt], val_prompts: list[Prompt] | None) -> None:
-    """What the settings need of the prompts, checked before any actor starts."""
-    from shop_r1.config import ConfigError
-
-    if cfg.rl.val_every and not val_prompts:
-        raise ConfigError(f"rl.val_every={cfg.rl.val_every} needs validation prompts (run_grpo's val_prompts, from "
-                          "a validation split); set rl.val_every=0 to train without periodic validation")
-    if cfg.reward.click_guard and any(p.page_names is None for p in prompts):
-        raise ConfigError("reward.click_guard=true needs each prompt's page_names (the current page's element "
-                          "names: shop_r1/data/pages.py: page_element_names); these prompts have none")
 
 
 def validate(engines: Engines, prompts: list[Prompt], cfg: Config, version: int) -> dict[str, float]:
@@ -294,12 +268,11 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
                       learner_cls: type | None, val_prompts: list[Prompt]) -> GRPOResult:
     from shop_r1.rollout.engine import max_model_len
 
-    check_sampling_config(cfg)
     start_time = time.perf_counter()
     out, group_size, ckpt_root = Path(out_dir), cfg.rollout.group_size, Path(out_dir) / "checkpoints"
     print(f"  starting {cfg.rollout.num_engines} rollout engine(s) (vLLM), {cfg.reward_pool.num_workers} reward "
-          f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy (DeepSpeed), and the "
-          "weight-sync group", flush=True)
+          f"worker(s), {cfg.learner.num_ranks} learner rank(s) with the reference policy ({cfg.learner.backend}), "
+          "and the weight-sync group", flush=True)
     # Whatever was started is torn down on the way out, a failure during start-up included (a restart must not leave
     # the previous attempt's actors running).
     engines = pool = learners = source = tracker = files = None

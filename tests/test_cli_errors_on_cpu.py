@@ -93,6 +93,29 @@ def test_an_unknown_section_suggests_the_close_one(capsys):
     assert "did you mean rl?" in line
 
 
+def test_config_show_doc_prints_the_keys_type_default_range_and_doc(capsys):
+    main(["config", "show", "--doc", "rl.lr"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["rl.lr: float = 1e-07  (range > 0)", "    Learning rate (constant after rl.warmup_steps)."]
+
+
+def test_config_show_doc_of_an_unknown_key_suggests_the_close_one(capsys):
+    line = user_error(capsys, ["config", "show", "--doc", "rl.lrr"])
+    assert line.startswith("shop-r1: config error: rl.lrr: unknown config key")
+    assert "did you mean rl.lr?" in line
+
+
+def test_config_show_doc_without_a_key_prints_every_key_by_section(capsys):
+    from shop_r1.config import Config, config_to_dict
+    from shop_r1.run_config import flatten
+
+    main(["config", "show", "--doc"])
+    out = capsys.readouterr().out
+    keys = [line.split(":")[0] for line in out.splitlines() if line and not line.startswith((" ", "["))]
+    assert keys == list(flatten(config_to_dict(Config())))  # every key once, in the dataclasses' order
+    assert [line for line in out.splitlines() if line.startswith("[")][:3] == ["[top level]", "[model]", "[data]"]
+
+
 def test_a_value_of_the_wrong_type_names_the_key(capsys):
     line = user_error(capsys, ["config", "show", "rl.lr=abc"])
     assert line == "shop-r1: config error: rl.lr: expected a float, got 'abc'"

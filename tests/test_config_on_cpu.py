@@ -217,8 +217,15 @@ def _numeric_fields(cls=Config, prefix=""):
 
 
 def _field_docstrings():
-    """{(class name, field name): docstring} read from config.py's source (attribute docstrings)."""
-    tree = ast.parse(Path(config_module.__file__).read_text())
+    """{(class name, field name): docstring} read from the config package's sources (attribute docstrings)."""
+    docs = {}
+    for path in sorted(Path(config_module.__file__).parent.glob("*.py")):
+        docs.update(_module_field_docstrings(path))
+    return docs
+
+
+def _module_field_docstrings(path):
+    tree = ast.parse(path.read_text())
     docs = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef):

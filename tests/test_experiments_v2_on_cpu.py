@@ -132,7 +132,8 @@ def _fake_main_job(run_dir: Path, cfg) -> None:
 def test_adopt_a_main_job_run_as_a_seed_workspace(tmp_path, monkeypatch):
     ws = run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}"), tmp_path, 31)
     main = tmp_path / "main"
-    _fake_main_job(main, run._with(ws.cfg, [f"run_dir={main}", "logging.wandb=true"]))  # run_dir, logging: not results
+    # run_dir, logging: not results
+    _fake_main_job(main, run.with_overrides(ws.cfg, [f"run_dir={main}", "logging.wandb=true"]))
     assert run.adopt_run(ws, main) == ["data", "model", "sft", "rl/shop_r1"]
     assert (ws.root / "data" / "rl_test.jsonl").read_text() == "t\n"
     assert (ws.root / "sft" / "hf" / "model.safetensors").read_text() == "w"
@@ -152,11 +153,11 @@ def test_adopt_a_main_job_run_as_a_seed_workspace(tmp_path, monkeypatch):
 def test_adopt_refuses_another_config_or_an_unfinished_run(tmp_path):
     ws = run.open_seed_workspace(_base(f"run_dir={tmp_path / 'scratch'}"), tmp_path, 31)
     other = tmp_path / "other"
-    _fake_main_job(other, run._with(ws.cfg, [f"run_dir={other}", "seed=7", "data.synth_seed=7"]))
+    _fake_main_job(other, run.with_overrides(ws.cfg, [f"run_dir={other}", "seed=7", "data.synth_seed=7"]))
     with pytest.raises(ConfigError, match=r"data\.synth_seed: 31 -> 7|data\.synth_seed: 7 -> 31"):
         run.adopt_run(ws, other)
     half = tmp_path / "half"
-    _fake_main_job(half, run._with(ws.cfg, [f"run_dir={half}"]))
+    _fake_main_job(half, run.with_overrides(ws.cfg, [f"run_dir={half}"]))
     (half / "grpo" / "hf" / "config.json").unlink()
     with pytest.raises(ConfigError, match="missing .*grpo/hf/config.json"):
         run.adopt_run(ws, half)
@@ -474,13 +475,25 @@ def test_a_table_grows_by_seeds_carried_from_an_earlier_summary(tmp_path, monkey
         summarize.carried_seeds(first, "v2_table2", SUITE.rows)
 
 
+def test_summarize_and_run_do_not_import_each_other():
+    """check_carry and its helpers live in experiments/same_config.py, which both import (summarize imported
+    experiments.run inside its main: a cycle)."""
+    import ast
+
+    tree = ast.parse(Path(summarize.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "experiments.run" not in imported and "experiments.same_config" in imported
+    assert run.check_carry is summarize.check_carry
+
+
 def test_carry_refuses_a_table_made_with_another_config(tmp_path):
     base = _base(f"run_dir={tmp_path / 'scratch'}")
     results = tmp_path / "results"
     results.mkdir()
     with pytest.raises(ConfigError, match="no config.yaml there"):
         run.check_carry(results, base, tmp_path)
-    save_config(run._with(base, run.seed_overrides(tmp_path / "elsewhere", 7)), results / "config.yaml")
+    save_config(run.with_overrides(base, run.seed_overrides(tmp_path / "elsewhere", 7)), results / "config.yaml")
     run.check_carry(results, base, tmp_path)  # its own seed and workspace: the same experiment
     with pytest.raises(ConfigError, match=r"made with another config \(rl\.steps: 500 -> 7\)"):
         run.check_carry(results, _base(f"run_dir={tmp_path / 'scratch'}", "rl.steps=7"), tmp_path)

@@ -206,7 +206,7 @@ def test_overrides_the_check_sets_and_another_command_are_refused():
     check_overrides(DEFAULT_CONFIG, ["rl.steps=100", "reward.action_reward=binary", "rl.lr=5e-4"])
     with pytest.raises(UserError, match="'run_dir=x': the overfit check sets run_dir"):
         check_overrides(DEFAULT_CONFIG, ["rl.steps=1", "run_dir=x"])
-    with pytest.raises(ConfigError, match="rl.lrr"):  # config.py's own rules, before any stage starts
+    with pytest.raises(ConfigError, match="rl.lrr"):  # the config's own rules, before any stage starts
         check_overrides(DEFAULT_CONFIG, ["rl.lrr=5e-4"])
     with pytest.raises(ConfigError):
         check_overrides(DEFAULT_CONFIG, ["rl.steps"])

@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 T = TypeVar("T")
 
@@ -49,6 +52,10 @@ class LocalRef:
 
     def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
         self.value, self.error = value, error
+
+
+Ref: TypeAlias = "LocalRef | ObjectRef"
+"""A call in flight: what `handle.method.remote(...)` returns, for `get`, `wait_all` and `wait_first`."""
 
 
 class _LocalMethod:

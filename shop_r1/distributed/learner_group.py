@@ -1,5 +1,5 @@
-"""K learner ranks (`learner.backend`: DeepSpeed or FSDP2) as Ray actors in one placement group (PACK: ranks share
-nodes where they fit).
+"""K learner ranks (shop_r1/learner/rank.py, on the `learner.backend` each builds: DeepSpeed or FSDP2) as Ray actors
+in one placement group (PACK: ranks share nodes where they fit).
 
 A rendezvous actor in bundle 0 (rank 0's node) opens the group's TCPStore on a port the OS picks while binding and
 holds it for the group's lifetime; every rank starts with MASTER_ADDR / MASTER_PORT naming it and joins as a client
@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from shop_r1.config import AdvantageConfig, LearnerConfig, LossConfig, parse_cpu_cores, parse_resources
 from shop_r1.distributed import deadlines
-from shop_r1.distributed.actors import Resources, get, kill, spawn
+from shop_r1.distributed.actors import Ref, Resources, get, kill, spawn
 
 if TYPE_CHECKING:
     from shop_r1.algo.batch import GRPOBatch
     from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
-    from shop_r1.types import GRPOStepStats
+    from shop_r1.learner.sft_data import MicroBatch
+    from shop_r1.types import GRPOStepStats, SFTStepStats
+    from shop_r1.weight_sync.broadcast import Manifest, SyncGroupSpec
 
 PLACEMENT_TIMEOUT_S = 300.0
 
@@ -49,10 +51,10 @@ class LearnerGroup:
     def __init__(self, model_path: str, cfg: LearnerConfig, lr: float, total_steps: int, seed: int, local: bool,
                  warmup_steps: int = 0, reference_path: str | None = None, learner_cls: type | None = None,
                  lr_schedule: str = "constant") -> None:
-        if learner_cls is None and cfg.backend == "fsdp2":
-            from shop_r1.learner.fsdp2_learner import FSDP2Learner as learner_cls  # noqa: N813
-        elif learner_cls is None:
-            from shop_r1.learner.deepspeed_learner import DeepSpeedLearner as learner_cls  # noqa: N813
+        """`learner_cls`: the rank actor's class (LearnerRank, which builds learner.backend's TrainingBackend on
+        each rank; a test's stand-in or subclass), built on every rank with the same arguments."""
+        if learner_cls is None:
+            from shop_r1.learner.rank import LearnerRank as learner_cls  # noqa: N813
         self.world_size = cfg.num_ranks
         self._pg = self._rendezvous = None
         size = deadlines.model_bytes(model_path)
@@ -103,7 +105,8 @@ class LearnerGroup:
             self.shutdown()
             raise
 
-    def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
+    def sft_step(self, per_rank_micro_batches: Sequence[Sequence[MicroBatch]],
+                 num_loss_tokens_global: int) -> list[SFTStepStats]:
         """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""
         if len(per_rank_micro_batches) != self.world_size:
             raise ValueError(f"got {len(per_rank_micro_batches)} shares for {self.world_size} ranks")
@@ -147,22 +150,22 @@ class LearnerGroup:
         bounds = self._bounds(batch.num_responses)
         return [batch.select(range(bounds[r], bounds[r + 1])) for r in range(self.world_size)]
 
-    def probe_logprobs(self, batch: Any) -> list[list[float]]:
+    def probe_logprobs(self, batch: GRPOBatch) -> list[list[float]]:
         """Every rank runs the forward (ZeRO-3, as above); rank 0's values."""
         return self._run([r.probe_logprobs.remote(batch) for r in self.ranks], "probe_logprobs", _tokens(batch))[0]
 
-    def eval_loss(self, micro_batches: Sequence[Any]) -> float:
+    def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float:
         """Every rank evaluates the same batches (ZeRO-3 forwards need all ranks); rank 0's value is returned."""
         return self._run([r.eval_loss.remote(list(micro_batches)) for r in self.ranks], "eval_loss",
                          sum(map(_tokens, micro_batches)))[0]
 
-    def _run(self, refs: list[Any], call: str, tokens_per_rank: int) -> list[Any]:
+    def _run(self, refs: list[Ref], call: str, tokens_per_rank: int) -> list[Any]:
         """A call that runs the model over `tokens_per_rank` tokens on each rank, within its step timeout."""
         return get(refs, timeout_s=deadlines.learner_step_timeout_s(tokens_per_rank, self._step_override),
                    what=f"learner {call} on {self.world_size} rank(s), {tokens_per_rank} tokens per rank "
                         f"({deadlines.explain('learner.step_timeout_s', self._step_override)})")
 
-    def _io(self, refs: list[Any], call: str) -> list[Any]:
+    def _io(self, refs: list[Ref], call: str) -> list[Any]:
         """A call that reads or writes the model's weights (checkpoints), within the checkpoint timeout."""
         return get(refs, timeout_s=self._checkpoint_s, what=f"learner {call} ({self._checkpoint_key})")
 
@@ -185,6 +188,28 @@ class LearnerGroup:
         found = self._io([r.nonfinite_weights.remote() for r in self.ranks], "nonfinite_weights")
         return sorted({name for names in found for name in names})
 
+    # -------------------------------------- the weight sync's calls (LearnerWeights, shop_r1/distributed/protocols.py)
+
+    def weight_manifest(self, bucket_bytes: int) -> Ref:
+        """Rank 0's manifest (every rank's is the same), in flight."""
+        return self.ranks[0].weight_manifest.remote(bucket_bytes)
+
+    def open_weight_sync_store(self, timeout_s: float) -> Ref:
+        """Rank 0, the sender, opens the sync group's store: (address, port), in flight."""
+        return self.ranks[0].open_weight_sync_store.remote(timeout_s)
+
+    def init_weight_sender(self, spec: SyncGroupSpec) -> Ref:
+        """Rank 0 joins the sync group as its sender; in flight, since it returns only once every engine joined."""
+        return self.ranks[0].init_weight_sender.remote(spec)
+
+    def broadcast_weights(self, manifest: Manifest) -> list[Ref]:
+        """Every rank's part of one push (the gathers are collectives), in rank order; rank 0's returns the bytes."""
+        return [r.broadcast_weights.remote(manifest) for r in self.ranks]
+
+    def named_weights(self) -> Ref:
+        """Rank 0's full weights (local mode only: one process holds the rank), in flight."""
+        return self.ranks[0].named_weights.remote()
+
     def shutdown(self) -> None:
         for r in self.ranks:
             kill(r)
@@ -196,6 +221,6 @@ class LearnerGroup:
             remove_placement_group(self._pg)
 
 
-def _tokens(batch: Any) -> int:
+def _tokens(batch: GRPOBatch | MicroBatch) -> int:
     """The tokens of a batch or micro-batch, padding included (its `input_ids` [b, T]): what a forward costs."""
     return int(batch.input_ids.numel())

@@ -1,15 +1,17 @@
 """The seams the GRPO and SFT drivers are written against: the learner group, the engine group and the weight sync.
 
-    Learners     LearnerGroup (DeepSpeed ranks as Ray actors, or one in-process)
-    Engines      EngineGroup (vLLM engines as Ray actors, or one in-process)
-    WeightSync   BroadcastSync (one process group, bucketed broadcast: gloo / NCCL), DirectSync (local mode)
+    Learners       LearnerGroup (learner ranks as Ray actors, or one in-process; DeepSpeed or FSDP2 inside each,
+                   `learner.backend`: shop_r1/learner/backend.py)
+    LearnerWeights LearnerGroup again: the learner side of the weight sync (its ranks' `WeightSource`)
+    Engines        EngineGroup (vLLM engines as Ray actors, or one in-process)
+    WeightSync     BroadcastSync (one process group, bucketed broadcast: gloo / NCCL), DirectSync (local mode)
 
-A second backend (FSDP learners, SGLang engines, a CUDA-IPC sync) is a new class with these methods, chosen where
-the driver builds its groups; the loop in `train.py` does not change. The weight-sync transports also reach into the
-groups' actors: `BroadcastSync` calls `weight_manifest`, `open_weight_sync_store`, `init_weight_sender` and
-`broadcast_weights` on learner ranks and `init_weight_receiver` / `receive_weights` on engines (`DirectSync`:
-`named_weights`, `load_weights`), so a new learner or engine backend implements those too, or brings its own sync.
-Per-actor seams: `shop_r1.learner.protocol.Learner` and `shop_r1.rollout.engine.RolloutEngine`.
+Another training framework is one `TrainingBackend` file under shop_r1/learner/ (the learner group and its ranks
+stay); other engines (SGLang) or another sync (CUDA IPC) are a new class with these methods, chosen where the driver
+builds its groups; the loop in `train.py` does not change. The weight-sync transports reach the learners only
+through `LearnerWeights`; on the engines they call `init_weight_receiver` / `receive_weights` (`DirectSync`:
+`load_weights`), so a new engine backend implements those too, or brings its own sync. Per-actor seams:
+`shop_r1.learner.protocol.Learner` and `WeightSource`, and `shop_r1.rollout.engine.RolloutEngine`.
 tests/test_protocols_on_cpu.py checks each backend against its protocol, parameter names included.
 """
 
@@ -20,11 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from shop_r1.config import AdvantageConfig, LossConfig
-from shop_r1.types import Generation, GRPOStepStats, Prompt, SamplingSpec
+from shop_r1.types import Generation, GRPOStepStats, Prompt, SamplingSpec, SFTStepStats
 
 if TYPE_CHECKING:
     from shop_r1.algo.batch import GRPOBatch
     from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty
+    from shop_r1.distributed.actors import Ref
+    from shop_r1.learner.sft_data import MicroBatch
+    from shop_r1.weight_sync.broadcast import Manifest, SyncGroupSpec
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,11 @@ class SyncStats:
 class Learners(Protocol):
     world_size: int
 
-    def sft_step(self, per_rank_micro_batches: Sequence[Sequence[Any]], num_loss_tokens_global: int) -> list[Any]:
+    def sft_step(self, per_rank_micro_batches: Sequence[Sequence[MicroBatch]],
+                 num_loss_tokens_global: int) -> list[SFTStepStats]:
         """One optimizer step over the global batch; per_rank_micro_batches[r] is rank r's share. Stats per rank."""
 
-    def eval_loss(self, micro_batches: Sequence[Any]) -> float: ...
+    def eval_loss(self, micro_batches: Sequence[MicroBatch]) -> float: ...
 
     def grpo_step(self, batch: GRPOBatch, loss_cfg: LossConfig) -> list[GRPOStepStats]:
         """One GRPO update on the whole batch (each rank gets its share); GRPOStepStats per rank."""
@@ -80,7 +86,7 @@ class Learners(Protocol):
                                  normalize_by_vocab: bool = False) -> list[float]:
         """s(r) per response, in the batch's order (each rank computes its share's)."""
 
-    def probe_logprobs(self, batch: Any) -> list[list[float]]: ...
+    def probe_logprobs(self, batch: GRPOBatch) -> list[list[float]]: ...
 
     def save_hf(self, out_dir: str) -> None: ...
 
@@ -95,6 +101,29 @@ class Learners(Protocol):
         """The policy parameters holding NaN or inf on any rank (checked before a checkpoint); [] when finite."""
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class LearnerWeights(Protocol):
+    """The learner group's side of the weight sync: its ranks' `WeightSource` (shop_r1/learner/protocol.py), each
+    call returned in flight (`Ref`), so that the transport waits on it beside the engines' calls, within its own
+    deadlines (shop_r1/distributed/sync_group.py). Rank 0 holds the sender; every rank takes part in a push."""
+
+    def weight_manifest(self, bucket_bytes: int) -> Ref:
+        """-> Manifest: every weight's name, whole shape and wire dtype, in buckets of about `bucket_bytes`."""
+
+    def open_weight_sync_store(self, timeout_s: float) -> Ref:
+        """-> (address, port) of the sync group's store, opened by the sender on a port the OS picks."""
+
+    def init_weight_sender(self, spec: SyncGroupSpec) -> Ref:
+        """-> None once the sender and every engine have joined the sync group."""
+
+    def broadcast_weights(self, manifest: Manifest) -> list[Ref]:
+        """One push: every rank's call (the gathers are collectives), in rank order; the first returns the bytes
+        sent (`SentBytes`), the others 0."""
+
+    def named_weights(self) -> Ref:
+        """-> the full weights, (HF name, tensor) pairs, in one process with the caller (local mode)."""
 
 
 @runtime_checkable

@@ -42,8 +42,7 @@ from shop_r1.config import TRANSPORTS, Config, ConfigError
 from shop_r1.distributed import deadlines
 from shop_r1.distributed.actors import ActorTimeout, get, is_actor_death, kill, wait_all
 from shop_r1.distributed.engine_group import EngineFailure, EngineGroup
-from shop_r1.distributed.learner_group import LearnerGroup
-from shop_r1.distributed.protocols import SyncStats, WeightSync
+from shop_r1.distributed.protocols import LearnerWeights, SyncStats, WeightSync
 from shop_r1.weight_sync.broadcast import ReceiveStats, SyncGroupSpec
 
 
@@ -59,12 +58,12 @@ def bump(engines: EngineGroup, version: int) -> SyncStats:
 
 
 class BroadcastSync:
-    def __init__(self, learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, backend: str,
+    def __init__(self, learners: LearnerWeights, engines: EngineGroup, bucket_bytes: int, backend: str,
                  zero_copy: bool = False) -> None:
         self.learners, self.engines, self.backend = learners, engines, backend
         self.version: int | None = None  # the last version pushed (or bumped to)
         override = engines.cfg.weight_sync_timeout_s
-        manifest = get(learners.ranks[0].weight_manifest.remote(bucket_bytes),
+        manifest = get(learners.weight_manifest(bucket_bytes),
                        timeout_s=deadlines.weight_sync_timeouts(0, override).push_s,
                        what=f"learner rank 0's weight manifest ({self._key()})")
         self.manifest = dataclasses.replace(manifest, zero_copy=zero_copy)  # weight_sync.zero_copy
@@ -82,11 +81,11 @@ class BroadcastSync:
         get([e.policy_version.remote() for e in engines], timeout_s=self.engines.start_timeout_s,
             what=f"{len(engines)} rollout engine(s) starting, before the weight-sync group forms (an engine's start "
                  "timeout: shop_r1/distributed/deadlines.py)")
-        addr, port = get(self.learners.ranks[0].open_weight_sync_store.remote(t.collective_s), timeout_s=t.push_s,
+        addr, port = get(self.learners.open_weight_sync_store(t.collective_s), timeout_s=t.push_s,
                          what=f"learner rank 0 opening the weight-sync store ({self._key()})")
         spec = SyncGroupSpec(addr, port, world_size=1 + len(engines), backend=self.backend,
                              timeout_s=t.collective_s, collective_timeout_s=t.collective_s)
-        get([self.learners.ranks[0].init_weight_sender.remote(spec)]
+        get([self.learners.init_weight_sender(spec)]
             + [e.init_weight_receiver.remote(spec, i + 1) for i, e in enumerate(engines)],
             timeout_s=t.push_s, what=f"the weight-sync group's rendezvous ({self._key()})")
 
@@ -99,7 +98,7 @@ class BroadcastSync:
         """`version`'s weights to every engine within one deadline; hung or dead engines are replaced and the push
         made again (the module's docstring says who counts as hung)."""
         start, t = time.perf_counter(), self.timeouts
-        senders = [r.broadcast_weights.remote(self.manifest) for r in self.learners.ranks]
+        senders = self.learners.broadcast_weights(self.manifest)
         receivers = [e.receive_weights.remote(self.manifest, version) for e in self.engines.engines]
         ended = set(wait_all(senders + receivers, t.push_s))  # the one deadline of the whole sync
         lost = [ref for ref in senders if ref in ended and _died(ref, t.push_s)]
@@ -181,7 +180,7 @@ def phases(seconds: float, sent: object, received: list) -> SyncStats:
 
 
 class DirectSync:
-    def __init__(self, learners: LearnerGroup, engines: EngineGroup) -> None:
+    def __init__(self, learners: LearnerWeights, engines: EngineGroup) -> None:
         self.learners, self.engines = learners, engines
         self.version: int | None = None
         engines.on_replace = lambda: self.push(self.version) if self.version is not None else None
@@ -189,7 +188,7 @@ class DirectSync:
     def push(self, version: int) -> SyncStats:
         self.version = version
         start = time.perf_counter()
-        weights = list(get(self.learners.ranks[0].named_weights.remote(), timeout_s=deadlines.weight_sync_timeouts(
+        weights = list(get(self.learners.named_weights(), timeout_s=deadlines.weight_sync_timeouts(
             0, self.engines.cfg.weight_sync_timeout_s).push_s, what="learner rank 0's weights"))  # local: no wait
         gathered = time.perf_counter()
         self.engines.load_weights(weights, version)  # the engine group's call: load, post and reset in one
@@ -232,7 +231,7 @@ def choose_transport(transport: str, local: bool, backend: str) -> str:
     return transport
 
 
-def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str,
+def make_weight_sync(learners: LearnerWeights, engines: EngineGroup, bucket_bytes: int, local: bool, backend: str,
                      transport: str = "auto", zero_copy: bool = False) -> WeightSync:
     """The run's weight sync, the transport chosen here once (`choose_transport`), and said on the console."""
     chosen = choose_transport(transport, local, backend)
@@ -244,7 +243,7 @@ def make_weight_sync(learners: LearnerGroup, engines: EngineGroup, bucket_bytes:
     return sync
 
 
-def weight_sync_from_config(cfg: Config, learners: LearnerGroup, engines: EngineGroup, local: bool) -> WeightSync:
+def weight_sync_from_config(cfg: Config, learners: LearnerWeights, engines: EngineGroup, local: bool) -> WeightSync:
     """The GRPO driver's weight sync: weight_sync.transport, rl.weight_sync_bucket_mb, and the backend the actors'
     placement allows (`sync_backend`: learner.num_gpus_per_rank, rollout.num_gpus_per_engine), which "auto" takes."""
     backend = sync_backend(cfg.learner.num_gpus_per_rank, cfg.rollout.num_gpus_per_engine)

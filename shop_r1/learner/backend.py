@@ -1,27 +1,32 @@
-"""The training-backend seam, per rank: what a framework (DeepSpeed ZeRO, torch FSDP2) provides to the steps written
-once against it (shop_r1/learner/grpo_step.py, sft_step.py; the forward math in shop_r1/learner/forward.py).
+"""The training-backend seam, per rank: what one framework (DeepSpeed ZeRO, torch FSDP2) provides to the learner
+rank (shop_r1/learner/rank.py), which owns everything the backends share: step counting, the process group and
+its all-reduce, the non-finite guard of the optimizer step, the frozen reference, checkpoint client state, the HF
+export and the weight source of the sync.
 
-A backend holds only its framework's concerns: building the trained module and the frozen reference, backward,
-the optimizer step, all-reduce, the micro-batch boundary, save/load. A second backend is one new class with these
-members (deepspeed_learner.py, fsdp2_learner.py); a loss variant never edits one. What every backend builds the same
-way is shared: the process group and all-reduce (process_group.py), rank 0's weight-sync sender (weight_sender.py),
-and the helpers below. `shop_r1.learner.protocol.Learner` is the actor-level seam the learner group calls (its step
-methods delegate to grpo_step.py and sft_step.py).
+A backend holds only its framework's concerns: building the trained module, its optimizer and LR schedule; the
+micro-batch boundary, backward and the optimizer step; gathering partitioned weights (whole, or one sync bucket at
+a time); saving and loading its own engine state. A third backend is one new file with a class that implements
+`TrainingBackend` (built as `cls(setup)`, `BackendSetup` below) and one `if` in `rank.training_backend`; a loss
+variant never edits one. What every backend builds the same way is the helpers below.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from shop_r1.algo.lr_schedule import lr_multiplier
 from shop_r1.config import LearnerConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -32,20 +37,57 @@ class OptimizerStep:
     """"" when the step was taken; else why it was skipped ("loss" / "grad_norm", shop_r1/algo/finite.py)."""
 
 
-@runtime_checkable
-class TrainingBackend(Protocol):
+@dataclass(frozen=True)
+class BackendSetup:
+    """What a backend is built from (`TrainingBackend`'s constructor takes this one record)."""
+
+    model_path: str
     cfg: LearnerConfig
+    lr: float
+    total_steps: int
+    """Optimizer steps the LR schedule spans."""
+    warmup_steps: int
+    lr_schedule: str
+    """`constant` or `cosine` after the warmup (`lr_scheduler` below)."""
     rank: int
     world_size: int
-    reference: Any
-    """The frozen reference policy (an HF causal LM, no gradient) for the KL term, or None."""
+    seed: int
+    on_gpu: bool
+    bf16: bool
+    """Compute in bfloat16 (`computes_in_bf16`): the forward's dtype and the weight-sync manifest's."""
+
+
+class Policy(Protocol):
+    """What the forward math (shop_r1/learner/forward.py) uses of a causal LM, trained or frozen: an HF model
+    satisfies it, as does a backend's view of a wrapped one (fsdp2_learner._Policy)."""
+
+    @property
+    def model(self) -> Callable[..., Any]:
+        """The transformer: hidden states of `input_ids` (run through the framework's hooks where wrapped)."""
+
+    @property
+    def lm_head(self) -> torch.nn.Module: ...
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the forward computes in (the attention mask's)."""
+
+    @property
+    def config(self) -> PretrainedConfig: ...
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """One framework on one rank. Every method that reads or moves weights is a collective where the weights are
+    partitioned (ZeRO-3, FSDP2): every rank calls it, in the same order."""
+
     scheduler: torch.optim.lr_scheduler.LRScheduler
     """The LR schedule (`lr_scheduler` below); `get_last_lr()[0]` is the rate the next optimizer step applies."""
 
     @property
-    def policy(self) -> Any:
-        """The trained HF causal LM (`.model` and `.lm_head` run the forward); partitioned under ZeRO-3 and FSDP2,
-        so every rank must make the same forwards."""
+    def policy(self) -> Policy:
+        """The trained model as the forward math runs it; partitioned under ZeRO-3 and FSDP2, so every rank must
+        make the same forwards."""
 
     @property
     def device(self) -> torch.device: ...
@@ -58,19 +100,40 @@ class TrainingBackend(Protocol):
         """Accumulate d loss / d params so that, at the optimizer step, the gradient is the *sum* over ranks of
         every backward's loss (a framework that averages over data-parallel ranks scales to undo it)."""
 
-    def optimizer_step(self, losses: Sequence[float]) -> OptimizerStep:
-        """Step on the accumulated gradients, or, when a loss of this step (on any rank) or the gradient norm is
-        NaN/inf, skip it on every rank: the gradients dropped, weights, optimizer and schedule unchanged."""
+    def grad_norm(self) -> float | None:
+        """The global norm of the accumulated gradients before clipping, where it can be read before the step
+        (a backend that clips here, before its step, clips to learner.grad_clip); None where the framework keeps
+        the gradients to itself until its step (ZeRO's partitioned buffers) or none were accumulated."""
 
-    def all_reduce(self, values: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
-        """Sum (or max) a small CPU float64 vector over the ranks (a no-op on one rank); every rank must call."""
+    def apply_step(self) -> float | None:
+        """Clip (where `grad_norm` did not), step the optimizer and the LR schedule, and clear the gradients;
+        returns the global gradient norm the framework measured during the step, or None."""
+
+    def drop_gradients(self) -> None:
+        """Clear the accumulated gradients without a step (weights, optimizer and schedule unchanged)."""
+
+    def release_gathered(self) -> None:
+        """Free what forwards without a backward left gathered (FSDP2's root unit); called after such forwards and
+        before any weight is read or loaded. A no-op where nothing stays gathered."""
+
+    def weight_shapes(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Every parameter's HF name and whole shape (not its shard's), in `named_parameters` order."""
+
+    def gathered_buckets(self, buckets: Sequence[Sequence[str]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Each bucket's parameters (by name) whole on this rank, one bucket at a time: what a bucket yields stays
+        gathered until the next is asked for, so iterate it to the end. Every rank must iterate."""
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights in HF names (gathered where partitioned, so every rank must iterate)."""
+        """Full float32 CPU copies in HF names, parameters only (a tied one once). Every rank must iterate; a
+        backend may yield them on rank 0 only (the others only join the gather)."""
 
-    def save_checkpoint(self, ckpt_dir: str, client_state: dict) -> None: ...
+    def save_checkpoint(self, ckpt_dir: str, tag: str, client_state: dict) -> None:
+        """Write the engine state (weights, optimizer, schedule) and `client_state` (JSON-able) to `ckpt_dir`;
+        `tag` names this save where the framework keeps several in one folder."""
 
-    def load_checkpoint(self, ckpt_dir: str) -> dict: ...
+    def load_checkpoint(self, ckpt_dir: str) -> dict:
+        """Restore what `save_checkpoint` wrote and return its `client_state`; FileNotFoundError, naming the
+        folder and the backend, where it holds no checkpoint of this backend."""
 
 
 # ----------------------------------------------------------------------------- shared by every backend's __init__
@@ -81,6 +144,22 @@ def computes_in_bf16(cfg: LearnerConfig, on_gpu: bool) -> bool:
     return cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and on_gpu)
 
 
+def load_policy(setup: BackendSetup) -> PreTrainedModel:
+    """The policy to train, in float32 (a backend computes in bf16 through its own mixed precision), after seeding
+    torch with the run's seed."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(setup.seed)
+    return AutoModelForCausalLM.from_pretrained(setup.model_path, dtype=torch.float32)
+
+
+def adamw(params: Iterator[torch.nn.Parameter], setup: BackendSetup
+          ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `params` (learner.weight_decay) and its LR schedule (`lr_scheduler`)."""
+    optimizer = torch.optim.AdamW(params, lr=setup.lr, weight_decay=setup.cfg.weight_decay)
+    return optimizer, lr_scheduler(optimizer, setup.total_steps, setup.warmup_steps, setup.lr_schedule)
+
+
 def lr_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
                  lr_schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over `warmup_steps`, then constant (the paper states no decay) or cosine (sft.lr_schedule)."""
@@ -88,7 +167,7 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_step
         optimizer, lambda step: lr_multiplier(step, total_steps, warmup_steps, lr_schedule))
 
 
-def reference_policy(reference_path: str | None, bf16: bool, device: torch.device) -> Any:
+def reference_policy(reference_path: str | None, bf16: bool, device: torch.device) -> PreTrainedModel | None:
     """The frozen reference policy for the KL term: a plain module, replicated on every rank (None without a path)."""
     if reference_path is None:
         return None
@@ -100,7 +179,7 @@ def reference_policy(reference_path: str | None, bf16: bool, device: torch.devic
     return reference
 
 
-# ------------------------------------------------------------------------------ shared by every backend's save_hf
+# ------------------------------------------------------------------------------------- the learner rank's HF export
 
 
 def save_hf_folder(state: dict[str, torch.Tensor], model_path: str, step: int, out_dir: str) -> None:

@@ -1,5 +1,5 @@
-"""One rank's GRPO update and its no-grad forwards, written once against the backend protocol
-(shop_r1/learner/backend.py); every backend's learner delegates here.
+"""One rank's GRPO update and its no-grad forwards, written once against `TrainingRank` (shop_r1/learner/protocol.py:
+the learner rank, shop_r1/learner/rank.py, over whichever backend); the learner rank delegates here.
 
     mini-batches (rl.num_minibatches blocks of rows, `minibatch_rows`), each cut into micro-batches (a token budget
     each; every rank makes as many, see `micro_batches`)
@@ -36,18 +36,18 @@ from shop_r1.algo.step_rewards import (
     step_advantages,
 )
 from shop_r1.config import AdvantageConfig, LossConfig
-from shop_r1.learner.backend import TrainingBackend
 from shop_r1.learner.forward import Forward
+from shop_r1.learner.protocol import TrainingRank
 from shop_r1.types import GRPOStepStats
 
 
-def forward_of(backend: TrainingBackend, pack: bool = False) -> Forward:
+def forward_of(backend: TrainingRank, pack: bool = False) -> Forward:
     """The backend's forward math; `pack` (learner.pack_sequences): sequence packing (shop_r1/algo/packing.py)."""
     return Forward(backend.device, backend.cfg.shared_prompt, pack, backend.cfg.attention,
                    backend.cfg.last_layer_at_targets)
 
 
-def micro_batches(backend: TrainingBackend, batch: GRPOBatch, pack: bool = False) -> list[GRPOBatch]:
+def micro_batches(backend: TrainingRank, batch: GRPOBatch, pack: bool = False) -> list[GRPOBatch]:
     """This rank's micro-batches, each trimmed to its own longest row, padded with empty ones to the largest count
     over all ranks.
 
@@ -89,7 +89,7 @@ class StepSums:
         summed = [a + b for a, b in zip(dataclasses.astuple(self)[:-1], dataclasses.astuple(other)[:-1])]
         return StepSums(*summed, max(self.sampler_abs_diff_max, other.sampler_abs_diff_max))
 
-    def all_reduced(self, backend: TrainingBackend) -> StepSums:
+    def all_reduced(self, backend: TrainingRank) -> StepSums:
         summed = backend.all_reduce(torch.tensor(dataclasses.astuple(self)[:-1], dtype=torch.float64))
         top = backend.all_reduce(torch.tensor([self.sampler_abs_diff_max], dtype=torch.float64), "max")
         return StepSums(*summed.tolist(), float(top[0]))
@@ -115,7 +115,7 @@ def minibatch_rows(num_rows: int, num_minibatches: int) -> list[list[int]]:
     return [list(range(bounds[k], bounds[k + 1])) for k in range(num_minibatches)]
 
 
-def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, step: int,
+def grpo_update(backend: TrainingRank, batch: GRPOBatch, cfg: LossConfig, step: int,
                 pack: bool = False) -> GRPOStepStats:
     """One rollout batch: reference and old logprobs, then `cfg.num_minibatches` clipped-surrogate updates, each on
     its own block of rows (`minibatch_rows`), cut into micro-batches of its own.
@@ -154,7 +154,7 @@ def grpo_update(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig, ste
     return _step_stats(backend, sums, grad_norms, causes, cfg, step)
 
 
-def _micro_batch_loss(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tensor, old: torch.Tensor | None,
+def _micro_batch_loss(backend: TrainingRank, mb: GRPOBatch, logp: torch.Tensor, old: torch.Tensor | None,
                       ref: torch.Tensor | None, cfg: LossConfig, denominator: float, num_minibatches: int
                       ) -> tuple[torch.Tensor, float, StepSums]:
     """One micro-batch's share of the global loss (its loss, weighted by its loss units / `denominator`: what to
@@ -181,7 +181,7 @@ def _micro_batch_loss(backend: TrainingBackend, mb: GRPOBatch, logp: torch.Tenso
         sampler_abs_diff_max=float(diff.max()) if diff.numel() else 0.0)
 
 
-def _step_stats(backend: TrainingBackend, sums: StepSums, grad_norms: list[float], causes: list[str],
+def _step_stats(backend: TrainingRank, sums: StepSums, grad_norms: list[float], causes: list[str],
                 cfg: LossConfig, step: int) -> GRPOStepStats:
     """The step's figures over every rank, or the skipped step's when an optimizer step was skipped."""
     sums = sums.all_reduced(backend)
@@ -192,7 +192,7 @@ def _step_stats(backend: TrainingBackend, sums: StepSums, grad_norms: list[float
     return sums.stats(sum(grad_norms) / len(grad_norms) if grad_norms else 0.0, step, cfg.async_is_cap is not None)
 
 
-def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, cfg: LossConfig,
+def grpo_update_with_self_certainty(backend: TrainingRank, batch: GRPOBatch, cfg: LossConfig,
                                     rewards: StepRewards, adv_cfg: AdvantageConfig, first_row: int, step: int,
                                     pack: bool = False) -> UpdateWithSelfCertainty:
     """reward.self_certainty.source=update_logits: one GRPO update whose own forward also gives every response's
@@ -221,7 +221,7 @@ def grpo_update_with_self_certainty(backend: TrainingBackend, batch: GRPOBatch, 
     Memory: every micro-batch's graph of this rank (the kept rows' only, where they are known first) is alive at
     once until the backward (step 4), so the peak is the activations of the whole share, not of one micro-batch
     (gradient checkpointing, learner.gradient_checkpointing, keeps that to each layer's input). One mini-batch only
-    (`cfg.num_minibatches` = 1: config.py refuses more). Under ZeRO-3 and FSDP2 every rank makes as many no-grad
+    (`cfg.num_minibatches` = 1: the config refuses more). Under ZeRO-3 and FSDP2 every rank makes as many no-grad
     and as many grad forwards (`micro_batches` pads each kind), whatever its share holds.
 
     Nothing is trained when no row is left (every group dropped) or a reward or advantage is NaN/inf (that cause is
@@ -303,7 +303,7 @@ def _rows_of(micro: list[GRPOBatch], rows: list[int]) -> list[list[int]]:
 
 
 @torch.no_grad()
-def rationale_self_certainty(backend: TrainingBackend, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
+def rationale_self_certainty(backend: TrainingRank, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                              normalize_by_vocab: bool = False, pack: bool = False) -> list[float]:
     """Exact s(r) per response of this rank's `batch` (one value each, 0 without rationale tokens) from the
     policy's full logits at temperature 1 (shop_r1/learner/forward.py). Every rank must call (ZeRO-3 and FSDP2
@@ -315,7 +315,7 @@ def rationale_self_certainty(backend: TrainingBackend, batch: GRPOBatch, directi
 
 
 @torch.no_grad()
-def probe_logprobs(backend: TrainingBackend, batch: GRPOBatch, pack: bool = False) -> list[list[float]]:
+def probe_logprobs(backend: TrainingRank, batch: GRPOBatch, pack: bool = False) -> list[list[float]]:
     """The policy's logprobs on each response's completion tokens (for the weight-sync check)."""
     forward, out = forward_of(backend, pack), []
     for mb in micro_batches(backend, batch, pack):

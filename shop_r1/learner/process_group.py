@@ -1,5 +1,6 @@
 """The learner ranks' torch.distributed group, the same for every backend: joining it (`init_process_group`) and the
-small all-reduce the steps use (`all_reduce`, behind TrainingBackend.all_reduce). gloo on CPU, NCCL on CUDA.
+small all-reduce the steps use (`all_reduce`, behind the learner rank's, protocol.TrainingRank.all_reduce). gloo on
+CPU, NCCL on CUDA.
 
 MASTER_ADDR / MASTER_PORT name the rendezvous store the Ray learner group holds (its port picked by the OS at bind
 time); run alone, a learner forms a one-rank group on 127.0.0.1 with its own store.

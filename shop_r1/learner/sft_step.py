@@ -1,5 +1,5 @@
-"""One rank's SFT step and its eval loss, written once against the backend protocol (shop_r1/learner/backend.py),
-as the GRPO step is (shop_r1/learner/grpo_step.py); every backend's learner delegates here.
+"""One rank's SFT step and its eval loss, written once against `TrainingRank` (shop_r1/learner/protocol.py), as the
+GRPO step is (shop_r1/learner/grpo_step.py); the learner rank (shop_r1/learner/rank.py) delegates here.
 
 Loss scaling: every micro-batch contributes sum(token losses) / num_loss_tokens_global, so the accumulated gradient
 over micro-batches and ranks (the backend's backward sums over ranks) is the token mean of the global batch, however
@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import torch
 
-from shop_r1.learner.backend import TrainingBackend
 from shop_r1.learner.forward import Forward
+from shop_r1.learner.protocol import TrainingRank
 from shop_r1.learner.sft_data import MicroBatch
 from shop_r1.types import SFTStepStats
 
 
-def sft_update(backend: TrainingBackend, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int,
+def sft_update(backend: TrainingRank, micro_batches: Sequence[MicroBatch], num_loss_tokens_global: int,
                step: int) -> SFTStepStats:
     """One optimizer step on this rank's `micro_batches` (any number, even none); the figures are this rank's,
     labelled `step`. A skipped step (a non-finite loss or gradient norm on any rank) reports loss and norm 0."""
@@ -41,7 +41,7 @@ def sft_update(backend: TrainingBackend, micro_batches: Sequence[MicroBatch], nu
 
 
 @torch.no_grad()
-def eval_loss(backend: TrainingBackend, micro_batches: Sequence[MicroBatch]) -> float:
+def eval_loss(backend: TrainingRank, micro_batches: Sequence[MicroBatch]) -> float:
     """The token mean of the loss over `micro_batches` (0 without loss tokens). Every rank must call (ZeRO-3 and
     FSDP2 forwards are collectives)."""
     total = sum(float(token_loss_sum(backend, mb)) for mb in micro_batches)
@@ -49,7 +49,7 @@ def eval_loss(backend: TrainingBackend, micro_batches: Sequence[MicroBatch]) -> 
     return total / max(tokens, 1)
 
 
-def token_loss_sum(backend: TrainingBackend, mb: MicroBatch) -> torch.Tensor:
+def token_loss_sum(backend: TrainingRank, mb: MicroBatch) -> torch.Tensor:
     """-(sum of the policy's logprobs of the loss tokens of `mb`): a scalar on the backend's device."""
     forward = Forward(backend.device, last_layer_at_targets=backend.cfg.last_layer_at_targets)
     return -forward.target_logprobs(backend.policy, mb.input_ids, mb.attention_mask, mb.loss_mask).sum()

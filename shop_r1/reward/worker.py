@@ -66,10 +66,12 @@ def load_score_fn(spec: str) -> ScoreFn:
     from importlib import import_module
 
     from shop_r1.config import ConfigError
+    from shop_r1.config.reward import fn_spec_problems
 
+    malformed = fn_spec_problems(spec)  # its form is the config's rule (load_config refuses it too)
+    if malformed:
+        raise ConfigError(malformed[0])
     module_name, _, name = spec.partition(":")
-    if not module_name or not name:
-        raise ConfigError(f"reward.fn={spec!r}: expected 'package.module:function'")
     try:
         fn = getattr(import_module(module_name), name)
     except (ImportError, AttributeError) as e:

@@ -8,10 +8,10 @@ import torch
 
 from shop_r1.algo.advantages import group_advantages
 from shop_r1.algo.batch import build_grpo_batch
-from shop_r1.config import Config, ConfigError, RewardConfig
+from shop_r1.config import Config, ConfigError, RewardConfig, validate
 from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
-from shop_r1.train import check_sampling_config, update_batch, with_learner_self_certainty
+from shop_r1.train import update_batch, with_learner_self_certainty
 from shop_r1.types import Action, Completion, Generation, Prompt, RewardBreakdown, ScoredGeneration
 
 CLICK = Action("click", name="buy")
@@ -87,16 +87,16 @@ def test_empty_rows_train_nothing():
 
 
 def test_sampling_config_checks():
-    check_sampling_config(Config())  # defaults: T = 0.6 with the exact (learner) self-certainty
+    validate(Config(), "train")  # defaults: T = 0.6 with the exact (learner) self-certainty
     cfg = Config()
     cfg.reward.self_certainty.source = "topk_logprobs"
     with pytest.raises(ConfigError, match="rollout.temperature=1"):
-        check_sampling_config(cfg)
+        validate(cfg, "train")
     cfg.rollout.temperature = 1.0
-    check_sampling_config(cfg)
+    validate(cfg, "train")
     cfg.rollout.temperature = 0.0
     with pytest.raises(ConfigError, match="rollout.temperature=0.0 is out of range"):
-        check_sampling_config(cfg)
+        validate(cfg, "train")
 
 
 def test_policy_version_check_names_the_stale_sample():
@@ -134,7 +134,7 @@ def test_loss_tokens_action_trains_only_the_tokens_outside_the_rationale():
     assert action.rationale_mask.tolist() == batch.rationale_mask.tolist()  # s(r) still reads the rationale
     cfg = Config()
     cfg.rl.loss_tokens = "action"
-    check_sampling_config(cfg)
+    validate(cfg, "train")
     adv = group_advantages(torch.tensor([[1.0, 2.0]], dtype=torch.float64))
     two = build_grpo_batch([_scored([VALID, VALID])], adv.advantages, pad_id=0, temperature=0.6)
     trained = update_batch(two, adv, cfg)  # the driver's batch for the learner
@@ -142,4 +142,4 @@ def test_loss_tokens_action_trains_only_the_tokens_outside_the_rationale():
     assert int(trained.completion_mask.sum()) < int(two.completion_mask.sum())
     cfg.reward.self_certainty.source = "update_logits"
     with pytest.raises(ConfigError, match="rl.loss_tokens=action"):
-        check_sampling_config(cfg)
+        validate(cfg, "train")

@@ -118,14 +118,12 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend, att
     packed lines through the dense mask, or split into SDPA pieces (learner.attention=split: policy and reference)."""
     from torch.distributed.tensor import DTensor
 
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
-    from shop_r1.learner.fsdp2_learner import FSDP2Learner
     from shop_r1.learner.grpo_step import forward_of
+    from shop_r1.learner.rank import LearnerRank
 
     batch = _grouped_batch(0)
-    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
-    learners = [learner_cls(str(tiny_model_dir), LearnerConfig(zero_stage=0, shared_prompt=shared, attention=attention,
-                                                               max_tokens_per_micro_batch=64),
+    learners = [LearnerRank(str(tiny_model_dir), LearnerConfig(backend=backend, zero_stage=0, shared_prompt=shared,
+                                                               attention=attention, max_tokens_per_micro_batch=64),
                             lr=1e-4, total_steps=2, reference_path=str(tiny_model_dir))
                 for shared in (True, False)]
     packed, separate = learners
@@ -138,7 +136,8 @@ def test_shared_prompt_learner_equals_separate_rows(tiny_model_dir, backend, att
     weights = torch.linspace(-1.0, 1.0, batch.input_ids.numel()).view(batch.input_ids.shape)
     grads = []
     for m in learners:
-        module = m.engine.module if backend == "deepspeed" else m.module  # FSDP2: sharded, its grads DTensors
+        # FSDP2: sharded, its grads DTensors
+        module = m.backend.engine.module if backend == "deepspeed" else m.backend.module
         module.zero_grad(set_to_none=True)
         (forward_of(m).completion_logprobs(m.policy, batch) * weights).sum().backward()
         grads.append({n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()

@@ -141,7 +141,7 @@ def test_a_step_with_nothing_to_train_is_skipped_as_today(models):
 
 
 def test_a_plugin_score_function_trains_as_today_under_update_logits(models):
-    """A score function given in code (not reward.fn, which config.py refuses with update_logits): no s(r)."""
+    """A score function given in code (not reward.fn, which the config refuses with update_logits): no s(r)."""
     def plugin(response, target, cfg, logprobs):
         return dataclasses.replace(score_response(response, target, cfg), self_certainty=0.0)
 

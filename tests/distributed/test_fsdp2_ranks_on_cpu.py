@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from shop_r1.config import LearnerConfig, RLConfig
-from shop_r1.learner.fsdp2_learner import FSDP2Learner
+from shop_r1.learner.rank import LearnerRank
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
 
-class NaNOnRankOne(FSDP2Learner):
+class NaNOnRankOne(LearnerRank):
     """Rank 1's LM head puts out NaN in its first GRPO update (rank 0's losses stay finite)."""
 
     def grpo_step(self, batch, loss_cfg):
@@ -21,7 +21,7 @@ class NaNOnRankOne(FSDP2Learner):
         def poison(module, args, out):
             return out * math.nan
 
-        handle = self.module.lm_head.register_forward_hook(poison)
+        handle = self.backend.module.lm_head.register_forward_hook(poison)
         try:
             return super().grpo_step(batch, loss_cfg)
         finally:

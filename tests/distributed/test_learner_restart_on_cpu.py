@@ -8,12 +8,12 @@ import signal
 import pytest
 from transformers import AutoTokenizer
 
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.rank import LearnerRank
 from shop_r1.train import run_grpo
 from tests.distributed.test_grpo_on_cpu import _cfg, _register_by_value, prompts, variety_reward  # noqa: F401
 
 
-class DyingLearner(DeepSpeedLearner):
+class DyingLearner(LearnerRank):
     """SIGKILLs its own process at the start of its second GRPO update, once per test (the marker file)."""
 
     def grpo_step(self, batch, rl):

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from shop_r1.algo.finite import NonFiniteError
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.rank import LearnerRank
 from shop_r1.train import run_grpo
 from tests.distributed.test_grpo_on_cpu import _cfg, _register_by_value, prompts  # noqa: F401
 
@@ -24,7 +24,7 @@ def nan_on_terminate(response, target, cfg, logprobs):
     return RewardBreakdown(value=value, total=value, format_valid=True)
 
 
-class InfLogitLearner(DeepSpeedLearner):
+class InfLogitLearner(LearnerRank):
     """From its `inf_from`-th GRPO update on, one logit of the policy's LM head is +inf (an injected overflow)."""
 
     inf_from = 2
@@ -39,7 +39,7 @@ class InfLogitLearner(DeepSpeedLearner):
             out[..., 0] = math.inf
             return out
 
-        handle = self.engine.module.lm_head.register_forward_hook(poison)
+        handle = self.backend.engine.module.lm_head.register_forward_hook(poison)
         try:
             return super().grpo_step(batch, rl)
         finally:

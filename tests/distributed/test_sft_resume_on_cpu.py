@@ -14,11 +14,11 @@ from shop_r1.config import load_config
 from shop_r1.data.build import build_datasets
 from shop_r1.data.sessions import write_sessions
 from shop_r1.data.synth import synthesize_sessions
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.rank import LearnerRank
 from shop_r1.sft import run_sft
 
 
-class DyingSFTLearner(DeepSpeedLearner):
+class DyingSFTLearner(LearnerRank):
     """SIGKILLs its own process at the start of its third SFT step, once per test (the marker file)."""
 
     marker = ""

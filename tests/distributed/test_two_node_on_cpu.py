@@ -42,7 +42,7 @@ from transformers import AutoTokenizer
 
 from shop_r1.config import Config, ConfigError, check_ranges, load_config, parse_resources
 from shop_r1.distributed.engine_group import EngineFailure
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.rank import LearnerRank
 from shop_r1.rollout.vllm_engine import VLLMEngine
 from shop_r1.tracking import read_metrics
 from shop_r1.train import run_grpo
@@ -116,7 +116,7 @@ class PlacedEngine(VLLMEngine):
         return super().generate(prompt_token_ids, spec)
 
 
-class PlacedLearner(DeepSpeedLearner):
+class PlacedLearner(LearnerRank):
     record_dir = ""
 
     def __init__(self, *args, **kwargs):

@@ -42,14 +42,14 @@ def test_vllm_engine_logprobs_and_weight_loading_on_cuda(tiny_model_dir, tmp_pat
 
 
 def test_sft_step_on_cuda_bf16(tiny_model_dir, tiny_tokenizer):
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.rank import LearnerRank
     from shop_r1.learner.sft_data import pack_micro_batches, tokenize_sft_examples
 
     seqs = tokenize_sft_examples(build_sft_examples(synthesize_sessions(4, 0)).examples, tiny_tokenizer,
                                  4096).sequences
     mbs = pack_micro_batches(seqs, 8192)
     n = sum(mb.num_loss_tokens for mb in mbs)
-    learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype="bfloat16"), lr=3e-3,
+    learner = LearnerRank(str(tiny_model_dir), LearnerConfig(zero_stage=2, dtype="bfloat16"), lr=3e-3,
                                total_steps=4)
     assert learner.device.type == "cuda"
     losses = [learner.sft_step(mbs, n).loss for _ in range(4)]

@@ -10,8 +10,7 @@ from transformers import AutoModelForCausalLM
 from shop_r1.config import LearnerConfig
 from shop_r1.data.examples import build_sft_examples
 from shop_r1.data.synth import synthesize_sessions
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
-from shop_r1.learner.fsdp2_learner import FSDP2Learner
+from shop_r1.learner.rank import LearnerRank
 from shop_r1.learner.sft_data import pack_micro_batches, tokenize_sft_examples
 
 
@@ -23,12 +22,13 @@ def sequences(tiny_tokenizer):
 
 def _module(learner):
     """The whole HF model (FSDP2's root module runs as one)."""
-    return learner.engine.module if isinstance(learner, DeepSpeedLearner) else learner.module
+    return learner.backend.engine.module if learner.cfg.backend == "deepspeed" else learner.backend.module
 
 
-@pytest.fixture(scope="module", params=[DeepSpeedLearner, FSDP2Learner], ids=["deepspeed", "fsdp2"])
+@pytest.fixture(scope="module", params=["deepspeed", "fsdp2"])
 def trained(tiny_model_dir, sequences, request):
-    learner = request.param(str(tiny_model_dir), LearnerConfig(zero_stage=2), lr=3e-3, total_steps=6)
+    learner = LearnerRank(str(tiny_model_dir), LearnerConfig(backend=request.param, zero_stage=2), lr=3e-3,
+                          total_steps=6)
     mbs = pack_micro_batches(sequences, 8192)
     n = sum(mb.num_loss_tokens for mb in mbs)
     losses = [learner.sft_step(mbs, n).loss for _ in range(6)]
@@ -50,8 +50,8 @@ def test_micro_batch_split_gives_the_same_update(tiny_model_dir, sequences, zero
     split = pack_micro_batches(sequences, 1)  # one sequence per micro-batch
     assert len(whole) == 1 and len(split) == len(sequences)
     n = whole[0].num_loss_tokens
-    a = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=zero_stage), lr=1e-3, total_steps=1)
-    b = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=zero_stage), lr=1e-3, total_steps=1)
+    a = LearnerRank(str(tiny_model_dir), LearnerConfig(zero_stage=zero_stage), lr=1e-3, total_steps=1)
+    b = LearnerRank(str(tiny_model_dir), LearnerConfig(zero_stage=zero_stage), lr=1e-3, total_steps=1)
     sa, sb = a.sft_step(whole, n), b.sft_step(split, n)
     assert sa.loss == pytest.approx(sb.loss, rel=1e-5)
     assert sa.grad_norm == pytest.approx(sb.grad_norm, rel=1e-4)
@@ -73,9 +73,9 @@ def test_grpo_micro_batch_split_gives_the_same_update(tiny_model_dir, zero_stage
     batch = _grouped_batch(1)
     stats, weights = [], []
     for budget in (10**6, 24):
-        learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=zero_stage, grad_clip=1e9,
-                                                                      max_tokens_per_micro_batch=budget),
-                                   lr=1e-2, total_steps=1, reference_path=str(tiny_model_dir))
+        learner = LearnerRank(str(tiny_model_dir), LearnerConfig(zero_stage=zero_stage, grad_clip=1e9,
+                                                                 max_tokens_per_micro_batch=budget),
+                              lr=1e-2, total_steps=1, reference_path=str(tiny_model_dir))
         assert len(micro_batches(learner, batch)) == (1 if budget > 10**5 else 3)
         stats.append(learner.grpo_step(batch, RLConfig(kl_beta=0.1).loss_config(max_new_tokens=16)))
         weights.append(dict(learner.named_weights()))
@@ -103,7 +103,7 @@ def test_save_hf_reproduces_the_trained_model(trained, tmp_path, tiny_model_dir)
 def test_checkpoint_round_trip(trained, tmp_path, tiny_model_dir):
     learner, _ = trained
     learner.save_checkpoint(str(tmp_path / "ckpt"), {"epoch": 2, "data_cursor": 17})
-    fresh = type(learner)(str(tiny_model_dir), LearnerConfig(zero_stage=2), lr=3e-3, total_steps=6)
+    fresh = LearnerRank(str(tiny_model_dir), learner.cfg, lr=3e-3, total_steps=6)
     state = fresh.load_checkpoint(str(tmp_path / "ckpt"))
     assert state["epoch"] == 2 and state["data_cursor"] == 17 and fresh.step == learner.step
     for (name, pa), (_, pb) in zip(learner.named_weights(), fresh.named_weights()):
@@ -147,8 +147,8 @@ def test_a_stale_extension_lock_does_not_stall_a_learner_start(tiny_model_dir, t
     (ext / "deepspeed_shm_comm" / "lock").touch()
     code = (
         "from shop_r1.config import LearnerConfig\n"
-        "from shop_r1.learner.deepspeed_learner import DeepSpeedLearner\n"
-        f"m = DeepSpeedLearner({str(tiny_model_dir)!r}, LearnerConfig(zero_stage=0), lr=1e-3, total_steps=1)\n"
+        "from shop_r1.learner.rank import LearnerRank\n"
+        f"m = LearnerRank({str(tiny_model_dir)!r}, LearnerConfig(zero_stage=0), lr=1e-3, total_steps=1)\n"
         "print('started', m.device)\n"
         "from deepspeed.accelerator import get_accelerator\n"
         "print('shm op buildable', get_accelerator().create_op_builder('ShareMemCommBuilder').is_compatible())\n"

@@ -2,14 +2,14 @@
 its update is DeepSpeed ZeRO-0's (the seam's proof: one GRPO step, two backends), a checkpoint resumes to the same
 next step, the weights it hands on are the HF model's, and a non-finite step changes nothing."""
 
+import dataclasses
 import threading
 
 import pytest
 import torch
 
-from shop_r1.config import LearnerConfig, RLConfig
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
-from shop_r1.learner.fsdp2_learner import FSDP2Learner
+from shop_r1.config import ConfigError, LearnerConfig, RLConfig, load_config
+from shop_r1.learner.rank import LearnerRank
 from shop_r1.learner.sft_step import empty_micro_batch, token_loss_sum
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
@@ -34,8 +34,9 @@ def test_grpo_and_sft_updates_equal_deepspeed_zero0(tiny_model_dir, tiny_tokeniz
     # The same forward on both (FSDP2 runs no last layer at the targets: its layers are shards), so the figures
     # agree to the last digits; that path's own equality to the full forward: tests/learner/test_target_states_*.py.
     cfg = LearnerConfig(zero_stage=0, max_tokens_per_micro_batch=24, last_layer_at_targets=False)
-    learners = [cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=3, warmup_steps=1, lr_schedule="cosine",
-                    reference_path=str(tiny_model_dir)) for cls in (DeepSpeedLearner, FSDP2Learner)]
+    learners = [LearnerRank(str(tiny_model_dir), dataclasses.replace(cfg, backend=backend), lr=1e-3, total_steps=3,
+                            warmup_steps=1, lr_schedule="cosine", reference_path=str(tiny_model_dir))
+                for backend in ("deepspeed", "fsdp2")]
     stats = [[m.grpo_step(_grouped_batch(seed), _loss_cfg()) for seed in (1, 2)] for m in learners]
     for ds, fsdp in zip(*stats):
         assert fsdp.num_tokens == ds.num_tokens and fsdp.grad_norm > cfg.grad_clip
@@ -60,8 +61,9 @@ def test_checkpoint_resumes_weights_optimizer_and_schedule_exactly(tiny_model_di
     so a lost schedule or AdamW state shows); loading a checkpoint saved before any step gives a fresh learner's step
     (AdamW's state stays empty, though DCP fills it to save)."""
     def make():
-        return FSDP2Learner(str(tiny_model_dir), LearnerConfig(max_tokens_per_micro_batch=24), lr=1e-3,
-                            total_steps=4, warmup_steps=1, lr_schedule="cosine", reference_path=str(tiny_model_dir))
+        return LearnerRank(str(tiny_model_dir), LearnerConfig(backend="fsdp2", max_tokens_per_micro_batch=24),
+                           lr=1e-3, total_steps=4, warmup_steps=1, lr_schedule="cosine",
+                           reference_path=str(tiny_model_dir))
 
     a = make()
     a.save_checkpoint(str(tmp_path / "fresh"), {"step": 0})
@@ -77,7 +79,7 @@ def test_checkpoint_resumes_weights_optimizer_and_schedule_exactly(tiny_model_di
     assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
 
     b.load_checkpoint(str(tmp_path / "fresh"))
-    assert b.step == 0 and not b.optimizer.state
+    assert b.step == 0 and not b.backend.optimizer.state
     assert b.grpo_step(_grouped_batch(1), _loss_cfg()) == first
     with pytest.raises(FileNotFoundError, match="no FSDP2 checkpoint"):
         b.load_checkpoint(str(tmp_path / "nothing"))
@@ -92,7 +94,7 @@ def test_weights_handed_on_are_the_hf_models(tiny_model_dir, tmp_path):
     from shop_r1.learner.forward import Forward
     from shop_r1.weight_sync.broadcast import SyncGroupSpec, WeightReceiver, fusion_order
 
-    learner = FSDP2Learner(str(tiny_model_dir), LearnerConfig(), lr=1e-2, total_steps=1)
+    learner = LearnerRank(str(tiny_model_dir), LearnerConfig(backend="fsdp2"), lr=1e-2, total_steps=1)
     batch = _grouped_batch(1)
     learner.grpo_step(batch, _loss_cfg())
     weights = dict(learner.named_weights())
@@ -134,20 +136,22 @@ def test_weights_handed_on_are_the_hf_models(tiny_model_dir, tmp_path):
 def test_a_nonfinite_step_changes_nothing(tiny_model_dir):
     """An infinite gradient (cause "grad_norm") and a NaN loss (cause "loss"): no step, the gradients dropped,
     AdamW and the schedule as they were; the next finite step trains."""
-    learner = FSDP2Learner(str(tiny_model_dir), LearnerConfig(), lr=1e-2, total_steps=3)
+    learner = LearnerRank(str(tiny_model_dir), LearnerConfig(backend="fsdp2"), lr=1e-2, total_steps=3)
     before = dict(learner.named_weights())
     learner.backward(token_loss_sum(learner, empty_micro_batch()))  # no loss tokens: a zero gradient on every parameter
-    param = next(learner.module.parameters())
+    param = next(learner.backend.module.parameters())
     param.grad.to_local().fill_(float("inf"))
     assert learner.optimizer_step([0.5]).nonfinite == "grad_norm"
     assert learner.optimizer_step([float("nan")]).nonfinite == "loss"
-    assert all(p.grad is None for p in learner.module.parameters())
-    assert not learner.optimizer.state and learner.scheduler.last_epoch == 0
+    assert all(p.grad is None for p in learner.backend.module.parameters())
+    assert not learner.backend.optimizer.state and learner.scheduler.last_epoch == 0
     assert _max_diff(dict(learner.named_weights()), before) == 0.0
     done = learner.grpo_step(_grouped_batch(1), _loss_cfg())
     assert not done.nonfinite and _max_diff(dict(learner.named_weights()), before) > 1e-3
 
 
-def test_zero_cpu_offload_is_refused_naming_the_key(tiny_model_dir):
-    with pytest.raises(ValueError, match="learner.offload_optimizer"):
-        FSDP2Learner(str(tiny_model_dir), LearnerConfig(offload_optimizer=True), lr=1e-3, total_steps=1)
+def test_zero_cpu_offload_is_refused_naming_the_key():
+    # The config's rule (shop_r1/config/learner.py), said when the config loads, before any rank starts.
+    with pytest.raises(ConfigError, match="learner.offload_optimizer is DeepSpeed ZeRO's CPU offload"):
+        load_config(None, ["learner.backend=fsdp2", "learner.offload_optimizer=true"])
+    load_config(None, ["learner.backend=deepspeed", "learner.offload_optimizer=true"])

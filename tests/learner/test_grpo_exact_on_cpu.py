@@ -18,7 +18,7 @@ def test_engine_and_learner_logprobs_agree_at_the_sampling_temperature(tiny_mode
     """vLLM samples at T and returns log softmax(logits / T) of the sampled tokens; the learner must compute the same
     (before the fix the engine returned T = 1 logprobs and the learner scored T = 1: the ratio was not the
     sampler's). At T = 0.6 the T = 1 scores differ clearly, so this test sees a temperature left out on either side."""
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+    from shop_r1.learner.rank import LearnerRank
     from shop_r1.rollout.vllm_engine import VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -27,7 +27,7 @@ def test_engine_and_learner_logprobs_agree_at_the_sampling_temperature(tiny_mode
     prompts = encode_prompts(tok, examples[:3], max_prompt_tokens=1500)
     assert len(prompts) == 3
     engine = VLLMEngine(str(tiny_model_dir), RolloutConfig(num_engines=1, kv_cache_gib=1.0), 2048, seed=0)
-    learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=0), lr=1e-6, total_steps=1)
+    learner = LearnerRank(str(tiny_model_dir), LearnerConfig(zero_stage=0), lr=1e-6, total_steps=1)
     try:
         for temperature in (0.6, 1.0):
             spec = SamplingSpec(n=4, temperature=temperature, max_new_tokens=24, top_k_logprobs=0, seed=5)

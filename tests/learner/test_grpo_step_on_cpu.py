@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from shop_r1.algo.grpo_loss import LossInputs, grpo_loss
 from shop_r1.config import LearnerConfig, RLConfig
-from shop_r1.learner.backend import OptimizerStep, TrainingBackend, lr_scheduler
+from shop_r1.learner.backend import OptimizerStep, lr_scheduler
 from shop_r1.learner.forward import Forward
 from shop_r1.learner.grpo_step import (
     grpo_update,
@@ -19,11 +19,13 @@ from shop_r1.learner.grpo_step import (
     probe_logprobs,
     rationale_self_certainty,
 )
+from shop_r1.learner.protocol import TrainingRank
 from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
 
 class TorchBackend:
-    """TrainingBackend in plain torch on one rank. Its optimizer step takes no step: it keeps the gradient."""
+    """TrainingRank (what the steps use of a learner rank) in plain torch on one rank. Its optimizer step takes no
+    step: it keeps the gradient."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, reference: torch.nn.Module | None = None):
         self._model, self.cfg, self.reference, self.rank, self.world_size = model, cfg, reference, 0, 1
@@ -82,7 +84,7 @@ def test_a_split_batch_gives_the_whole_batchs_loss_and_gradient(models, loss):
     batch = _grouped_batch(1)
     cfg = RLConfig(loss=loss, kl_beta=0.1).loss_config(max_new_tokens=8)
     backend = TorchBackend(policy, LearnerConfig(max_tokens_per_micro_batch=24), reference)
-    assert isinstance(backend, TrainingBackend)
+    assert isinstance(backend, TrainingRank)
     assert len(micro_batches(backend, batch)) == 3
     stats = grpo_update(backend, batch, cfg, step=7)
     assert backend.calls == ["begin", "backward"] * 3 + ["step"] and stats.step == 7 and stats.num_tokens == 22

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from shop_r1.learner.backend import load_trained_weights
-from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
+from shop_r1.learner.rank import LearnerRank
 
 
 def _tiny(tied: bool, seed: int) -> Qwen2ForCausalLM:
@@ -22,7 +22,7 @@ def _tiny(tied: bool, seed: int) -> Qwen2ForCausalLM:
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What `DeepSpeedLearner.named_weights` yields: parameters only, a tied one once."""
+    """What `LearnerRank.named_weights` yields: parameters only, a tied one once."""
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -82,12 +82,12 @@ def test_save_hf_writes_the_trained_weights_or_no_folder(tiny_model_dir, tmp_pat
             p.add_(0.01)
     state = _weights(trained)
     learner = SimpleNamespace(rank=0, step=3, model_path=str(tiny_model_dir), named_weights=lambda: iter(state.items()))
-    DeepSpeedLearner.save_hf(learner, str(tmp_path / "hf"))
+    LearnerRank.save_hf(learner, str(tmp_path / "hf"))
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     for name, value in exported.state_dict().items():
         assert torch.equal(value, trained.state_dict()[name]), name
 
     state.pop("model.norm.weight")
     with pytest.raises(ValueError, match=r"the learner's weights at step 3 do not match.*model\.norm\.weight"):
-        DeepSpeedLearner.save_hf(learner, str(tmp_path / "broken"))
+        LearnerRank.save_hf(learner, str(tmp_path / "broken"))
     assert not (tmp_path / "broken").exists()

@@ -223,21 +223,19 @@ def test_nothing_to_train_skips_the_update_but_returns_s(models):
 def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backend, zero_stage, split):
     """`split`: rl.self_certainty_breaks_ties=false, group 0 dropped before s(r): its rows' no-grad micro-batch, then
     the kept rows' two with gradient (under ZeRO-3 both kinds of forward gather the partitioned weights)."""
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
-    from shop_r1.learner.fsdp2_learner import FSDP2Learner
+    from shop_r1.learner.rank import LearnerRank
 
     rewards, adv_cfg = (SPLIT, NO_TIES) if split else (REWARDS, ADV)
     _, _, ref_dir = models
-    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
-    cfg = LearnerConfig(zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
+    cfg = LearnerConfig(backend=backend, zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
     batch = _batch()
-    today = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    today = LearnerRank(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
     before = dict(today.named_weights())
     values = today.rationale_self_certainty(batch, "p_to_u")
     adv = step_advantages(rewards.with_self_certainty(values, adv_cfg.reward), adv_cfg)
     stats = today.grpo_step(batch.with_advantages(adv.advantages).select(kept_rows(adv, adv_cfg)), LOSS)
     expected = dict(today.named_weights())
-    ours = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    ours = LearnerRank(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
     out = ours.grpo_step_with_self_certainty(batch, LOSS, rewards, adv_cfg, first_row=0)
     got = dict(ours.named_weights())
     assert out.updated and ours.step == today.step == 1
@@ -326,21 +324,19 @@ def test_a_skipped_step_leaves_the_learner_as_it_was_and_the_next_one_trains(mod
     """Forwards with gradient and no backward (nothing to train), or, `known` (rl.self_certainty_breaks_ties=false:
     every group dropped before s(r)), no-grad forwards only: under ZeRO-3 and FSDP2 the next step still runs and
     trains exactly as a fresh learner's first step."""
-    from shop_r1.learner.deepspeed_learner import DeepSpeedLearner
-    from shop_r1.learner.fsdp2_learner import FSDP2Learner
+    from shop_r1.learner.rank import LearnerRank
 
     _, _, ref_dir = models
-    learner_cls = DeepSpeedLearner if backend == "deepspeed" else FSDP2Learner
-    cfg = LearnerConfig(zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
+    cfg = LearnerConfig(backend=backend, zero_stage=zero_stage, grad_clip=1e9, max_tokens_per_micro_batch=40)
     ties = StepRewards(((INVALID, INVALID), (INVALID, INVALID), (INVALID, INVALID)), target_types=(0, 0, 1))
-    skipped = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    skipped = LearnerRank(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
     before = dict(skipped.named_weights())
     out = skipped.grpo_step_with_self_certainty(_batch(), LOSS, ties, NO_TIES if known else ADV, first_row=0)
     assert not out.updated and skipped.step == 0 and out.stats.nonfinite == ""
     after_skip = dict(skipped.named_weights())
     assert all(torch.equal(after_skip[n], before[n]) for n in before)
     trained = skipped.grpo_step_with_self_certainty(_batch(), LOSS, REWARDS, ADV, first_row=0)
-    fresh = learner_cls(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
+    fresh = LearnerRank(str(tiny_model_dir), cfg, lr=1e-3, total_steps=2, reference_path=str(ref_dir))
     expected = fresh.grpo_step_with_self_certainty(_batch(), LOSS, REWARDS, ADV, first_row=0)
     assert trained.updated and skipped.step == 1
     assert trained.stats.loss == pytest.approx(expected.stats.loss, rel=1e-6)

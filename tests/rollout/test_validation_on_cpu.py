@@ -5,9 +5,10 @@ import json
 import pytest
 
 from shop_r1.config import Config, ConfigError
+from shop_r1.config import validate as validate_config
 from shop_r1.rollout.metrics import validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch
-from shop_r1.train import check_prompts, validate
+from shop_r1.train import validate
 from shop_r1.types import Action, Completion, Generation, Prompt, SamplingSpec
 
 
@@ -72,16 +73,16 @@ def test_validate_rejects_answers_of_another_policy():
 
 def test_val_every_needs_validation_prompts():
     cfg = Config()
-    check_prompts(cfg, PROMPTS, None)  # off by default: nothing needed
+    validate_config(cfg, "train", prompts=PROMPTS, val_prompts=None)  # off by default: nothing needed
     cfg.rl.val_every = 10
     with pytest.raises(ConfigError, match=r"rl\.val_every=10 needs validation prompts"):
-        check_prompts(cfg, PROMPTS, None)
-    check_prompts(cfg, PROMPTS, PROMPTS)
+        validate_config(cfg, "train", prompts=PROMPTS, val_prompts=None)
+    validate_config(cfg, "train", prompts=PROMPTS, val_prompts=PROMPTS)
 
 
 def test_click_guard_needs_page_names_on_the_prompts():
     cfg = Config()
     cfg.reward.click_guard = True
     with pytest.raises(ConfigError, match=r"reward\.click_guard=true needs each prompt's page_names"):
-        check_prompts(cfg, PROMPTS, None)
-    check_prompts(cfg, [Prompt("ex", (1,), Action("terminate"), page_names=("a.b",))], None)
+        validate_config(cfg, "train", prompts=PROMPTS, val_prompts=None)
+    validate_config(cfg, "train", prompts=[Prompt("ex", (1,), Action("terminate"), page_names=("a.b",))])
