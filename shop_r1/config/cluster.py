@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shop_r1.config.fields import ConfigError, bounded
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
+from shop_r1.config.learner import LearnerConfig
+from shop_r1.config.rollout import RolloutConfig
 
 
 @dataclass
@@ -101,7 +100,16 @@ def parse_cpu_cores(text: str, key: str) -> tuple[int, ...]:
     return tuple(sorted(cores))
 
 
-def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    rollout: RolloutConfig
+    learner: LearnerConfig
+    reward_pool: RewardPoolConfig
+
+
+def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The placement fields' rules, one line each: each CPU list well-formed and the two disjoint, each custom
     resource list well-formed (`PLACEMENT_KEYS`)."""
     out, pinned = [], {}

@@ -4,12 +4,11 @@ that reads sessions (`check_sessions_source`, `pipeline_problems`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
+from shop_r1.config.eval import EvalConfig
 from shop_r1.config.fields import ConfigError, bounded
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
+from shop_r1.config.rl import RLConfig
 
 
 @dataclass
@@ -99,7 +98,16 @@ def check_sessions_source(data: DataConfig) -> None:
         raise ConfigError(problems[0])
 
 
-def pipeline_problems(cfg: Config) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    data: DataConfig
+    eval: EvalConfig
+    rl: RLConfig
+
+
+def pipeline_problems(cfg: _Sections) -> list[str]:
     """What the pipeline's own split must give its stages: a validation split (data.val_fraction > 0) for GRPO's
     periodic validation and for evaluating on it. Said before any stage; the pipeline still refuses a split that
     came out empty (a val_fraction too small for the sessions)."""

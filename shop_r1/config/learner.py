@@ -4,12 +4,9 @@ that tie the attention and the optimizer's offload to the backend and the ranks'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from shop_r1.config.fields import bounded
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
 
 
 @dataclass
@@ -82,7 +79,14 @@ class LearnerConfig:
     rollout.resources). Format: name=amount pairs joined by commas; each amount > 0, whole above 1."""
 
 
-def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    learner: LearnerConfig
+
+
+def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The learner section's cross-field rules, one line each."""
     learner, out = cfg.learner, []
     if learner.attention == "flex" and learner.num_gpus_per_rank == 0:

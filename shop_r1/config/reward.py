@@ -4,12 +4,10 @@ update (`problems`) and to GRPO's sampling (`grpo_problems`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from shop_r1.config.fields import bounded
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
+from shop_r1.config.rollout import RolloutConfig
 
 
 @dataclass
@@ -96,16 +94,19 @@ def fn_spec_problems(spec: str) -> list[str]:
         else []
 
 
-def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    reward: RewardConfig
+    rollout: RolloutConfig
+
+
+def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The reward section's cross-field rules, one line each (`bad`: keys out of their range, whose rules are left
     out)."""
     out = []
     source = cfg.reward.self_certainty.source
-    if source == "update_logits" and cfg.rl.num_minibatches != 1 and "rl.num_minibatches" not in bad:
-        out.append(f"reward.self_certainty.source=update_logits needs rl.num_minibatches=1 (got "
-                   f"{cfg.rl.num_minibatches}): s(r) comes from the update's own forward, and a later "
-                   "mini-batch's forward follows an optimizer step; use "
-                   "reward.self_certainty.source=learner_logits")
     if source == "update_logits" and cfg.reward.fn:
         out.append(f"reward.self_certainty.source=update_logits needs the Shop-R1 reward (reward.fn empty, got "
                    f"{cfg.reward.fn!r}): a plug-in reward's total is its own, s(r) never re-forms it; use "
@@ -113,7 +114,7 @@ def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[
     return out + fn_spec_problems(cfg.reward.fn)
 
 
-def grpo_problems(cfg: Config) -> list[str]:
+def grpo_problems(cfg: _Sections) -> list[str]:
     """What GRPO's sampling asks of the reward, a rule of the GRPO stage only (`reward score` reads no sampling):
     s(r) is defined on the temperature-1 distribution, but the engines return the sampling distribution's logprobs
     (temperature T), so the top-k estimate is only that of s(r) when T = 1."""

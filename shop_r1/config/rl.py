@@ -4,14 +4,11 @@ that the advantages and the learner read (`AdvantageConfig`, `LossConfig`), and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from shop_r1.config.fields import bounded
 from shop_r1.config.reward import RewardConfig
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
-
+from shop_r1.config.rollout import RolloutConfig
 
 LossVariant = Literal["dapo", "grpo", "dr_grpo", "gspo"]
 """rl.loss: how the per-token GRPO loss is aggregated (and, for gspo, where the importance ratio is taken)."""
@@ -160,7 +157,16 @@ class LossConfig:
     """rollout.max_new_tokens: the constant per-response length dr_grpo divides by."""
 
 
-def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    rl: RLConfig
+    reward: RewardConfig
+    rollout: RolloutConfig
+
+
+def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The rl section's cross-field rules, one line each (`bad`: keys out of their range, whose rules are left
     out: no modulo by a bad group size)."""
     out = []
@@ -173,6 +179,12 @@ def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[
         out.append(f"rl.scale_rewards=within_type needs Table 1's hierarchical reward (got {what}): it reads the "
                    "right action type from the action-type reward, which a plug-in reward need not fill and the "
                    "binary reward pays only for an exact match; use rl.scale_rewards=batch or group")
+    source = cfg.reward.self_certainty.source  # was the reward section's rule: it reads rl.num_minibatches
+    if source == "update_logits" and cfg.rl.num_minibatches != 1 and "rl.num_minibatches" not in bad:
+        out.append(f"reward.self_certainty.source=update_logits needs rl.num_minibatches=1 (got "
+                   f"{cfg.rl.num_minibatches}): s(r) comes from the update's own forward, and a later "
+                   "mini-batch's forward follows an optimizer step; use "
+                   "reward.self_certainty.source=learner_logits")
     if cfg.rl.loss_tokens == "action" and cfg.reward.self_certainty.source == "update_logits":  # was train.py's
         out.append("rl.loss_tokens=action does not combine with reward.self_certainty.source=update_logits (its "
                    "forward reads the rationale's tokens from the loss mask): use learner_logits")

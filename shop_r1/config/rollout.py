@@ -4,13 +4,9 @@ that ties an engine's GPUs to its tensor parallelism (`problems`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from shop_r1.config.fields import bounded
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
-
 
 MAX_TOP_K_LOGPROBS = 20
 """vLLM's default `max_logprobs`: the most logprobs per position `rollout.top_k_logprobs` may ask for. (The engine
@@ -85,7 +81,14 @@ class RolloutConfig:
     Ignored on GPU."""
 
 
-def problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    rollout: RolloutConfig
+
+
+def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The rollout section's cross-field rules, one line each (`bad`: keys out of their range, whose rules are left
     out)."""
     gpus, tp = cfg.rollout.num_gpus_per_engine, cfg.rollout.tensor_parallel_size

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from shop_r1.config.core import Config
-
+from typing import Literal, Protocol
 
 WeightSyncTransport = Literal["auto", "nccl", "gloo", "direct"]
 """weight_sync.transport: how the learner's weights reach the engines (shop_r1/distributed/sync_group.py)."""
@@ -35,7 +31,14 @@ class WeightSyncConfig:
     message per tensor; the engine still receives a bucket into one buffer. Either way the same bytes arrive."""
 
 
-def grpo_problems(cfg: Config, local: bool) -> list[str]:
+class _Sections(Protocol):
+    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
+    module, so the rules name only what they read)."""
+
+    weight_sync: WeightSyncConfig
+
+
+def grpo_problems(cfg: _Sections, local: bool) -> list[str]:
     """A transport that cannot run where the run is placed, named before any actor starts: DirectSync hands rank 0's
     tensors over in one process (across processes a ZeRO-3 gather needs every rank), and a broadcast group needs
     processes of its own. `local`: whether the run is in one process (run_grpo's `local`, from ray.local_mode).
