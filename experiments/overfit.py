@@ -122,13 +122,11 @@ class SampleExact:
     """Lines that are not JSON, skipped: a line cut by a kill, which the resumed run appended to."""
 
 
-def sample_exact_by_step(rollouts_path: str | Path, targets: Mapping[str, Action], groups_per_step: int
-                         ) -> SampleExact:
-    """Per step of a `shop-r1 train` rollout dump (one line per group, shop_r1/rollout/records.py), the samples that
-    are an exact match of their prompt's target (`targets`, by example id). A resumed run appends the steps after its
-    checkpoint again, so of each step only its last `groups_per_step` lines (P: the last attempt's) count, as the
-    metrics readers keep the last record of a step."""
-    groups: dict[int, list[tuple[int, int]]] = {}
+def _groups_by_step(rollouts_path: str | Path, targets: Mapping[str, Action]
+                    ) -> tuple[dict[int, list[tuple[str, int, int]]], int]:
+    """The rollout dump's groups, in file order per step, as (example id, exact samples, samples), and how many lines
+    were not JSON (skipped). A group of another prompt, or without an integer step, is a DataError naming its line."""
+    by_step: dict[int, list[tuple[str, int, int]]] = {}
     unreadable = 0
     for row in read_jsonl(rollouts_path):
         if row.error is not None or not isinstance(row.value, dict):
@@ -139,9 +137,19 @@ def sample_exact_by_step(rollouts_path: str | Path, targets: Mapping[str, Action
             raise DataError(f"{row.where}: expected a group of the prompts' examples with an integer step (got "
                             f"step {step!r}, example {eid!r})")
         texts = [s.get("text") for s in row.value.get("samples", [])]
-        groups.setdefault(step, []).append((sum(isinstance(t, str) and _exact(t, targets[eid]) for t in texts),
-                                            len(texts)))
-    last = {step: g[-groups_per_step:] for step, g in groups.items()}
+        exact = sum(isinstance(t, str) and _exact(t, targets[eid]) for t in texts)
+        by_step.setdefault(step, []).append((eid, exact, len(texts)))
+    return by_step, unreadable
+
+
+def sample_exact_by_step(rollouts_path: str | Path, targets: Mapping[str, Action], groups_per_step: int
+                         ) -> SampleExact:
+    """Per step of a `shop-r1 train` rollout dump (one line per group, shop_r1/rollout/records.py), the samples that
+    are an exact match of their prompt's target (`targets`, by example id). A resumed run appends the steps after its
+    checkpoint again, so of each step only its last `groups_per_step` lines (P: the last attempt's) count, as the
+    metrics readers keep the last record of a step."""
+    by_step, unreadable = _groups_by_step(rollouts_path, targets)
+    last = {step: [(e, n) for _, e, n in g[-groups_per_step:]] for step, g in by_step.items()}
     return SampleExact({s: sum(e for e, _ in g) for s, g in last.items()},
                        {s: sum(n for _, n in g) for s, g in last.items()}, unreadable)
 
@@ -166,17 +174,7 @@ class PromptVisits:
 def prompt_visits(rollouts_path: str | Path, targets: Mapping[str, Action], groups_per_step: int) -> PromptVisits:
     """The rollout dump's groups by prompt (a resumed run's repeated steps: the last attempt's groups, as
     `sample_exact_by_step`)."""
-    by_step: dict[int, list[tuple[str, int, int]]] = {}
-    for row in read_jsonl(rollouts_path):
-        if row.error is not None or not isinstance(row.value, dict):
-            continue
-        step, eid = row.value.get("step"), row.value.get("example_id")
-        if type(step) is not int or eid not in targets:
-            raise DataError(f"{row.where}: expected a group of the prompts' examples with an integer step (got "
-                            f"step {step!r}, example {eid!r})")
-        texts = [s.get("text") for s in row.value.get("samples", [])]
-        by_step.setdefault(step, []).append((eid, sum(isinstance(t, str) and _exact(t, targets[eid])
-                                                      for t in texts), len(texts)))
+    by_step, _ = _groups_by_step(rollouts_path, targets)
     visits: dict[str, list[tuple[int, int, int]]] = {eid: [] for eid in targets}
     for step in sorted(by_step):
         for eid, exact, n in by_step[step][-groups_per_step:]:

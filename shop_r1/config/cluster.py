@@ -101,8 +101,7 @@ def parse_cpu_cores(text: str, key: str) -> tuple[int, ...]:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the placement rules read of the root Config (which imports this module)."""
 
     rollout: RolloutConfig
     learner: LearnerConfig

@@ -99,8 +99,7 @@ def check_sessions_source(data: DataConfig) -> None:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the pipeline-split rules read of the root Config (which imports this module)."""
 
     data: DataConfig
     eval: EvalConfig

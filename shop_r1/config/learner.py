@@ -80,8 +80,7 @@ class LearnerConfig:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the learner rules read of the root Config (which imports this module)."""
 
     learner: LearnerConfig
 

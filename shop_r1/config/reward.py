@@ -95,8 +95,7 @@ def fn_spec_problems(spec: str) -> list[str]:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the reward rules read of the root Config (which imports this module)."""
 
     reward: RewardConfig
     rollout: RolloutConfig

@@ -158,8 +158,7 @@ class LossConfig:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the rl rules read of the root Config (which imports this module)."""
 
     rl: RLConfig
     reward: RewardConfig

@@ -82,8 +82,7 @@ class RolloutConfig:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the rollout rules read of the root Config (which imports this module)."""
 
     rollout: RolloutConfig
 

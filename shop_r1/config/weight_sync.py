@@ -32,8 +32,7 @@ class WeightSyncConfig:
 
 
 class _Sections(Protocol):
-    """The sections of the root Config that these rules read (the root, shop_r1/config/core.py, imports this
-    module, so the rules name only what they read)."""
+    """What the transport rules read of the root Config (which imports this module)."""
 
     weight_sync: WeightSyncConfig
 
