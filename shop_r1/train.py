@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
 from shop_r1.distributed.sync_group import weight_sync_from_config
+from shop_r1.reward.functions import RewardFunction, RewardTerm, terms_of
 from shop_r1.reward.scorer import score_response, with_exact_self_certainty
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
@@ -201,10 +203,13 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
              resume: bool = False, pad_id: int = 0, score_fn: ScoreFn | None = None,
              engine_cls: type | None = None, learner_cls: type | None = None,
-             val_prompts: list[Prompt] | None = None) -> GRPOResult:
+             val_prompts: list[Prompt] | None = None,
+             reward_funcs: Sequence[RewardFunction | RewardTerm] = ()) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
-    `score_fn` is the reward (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
+    `score_fn` scores each response's base terms (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
+    `reward_funcs`: reward functions of your own, TRL-style (shop_r1/reward/functions.py), added to the total with
+    `reward.functions` (a plain function weighs 1; a RewardTerm carries its weight), each logged as reward/<name>.
     `val_prompts`: encoded like `prompts`, from a validation split; with rl.val_every > 0 the first
     rl.val_examples of them are answered greedily every rl.val_every steps (`validate`).
     `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
@@ -216,10 +221,12 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     from shop_r1.distributed.actors import with_restarts
 
     score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
-    check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local)  # before any actor starts
+    check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local,  # before any actor starts
+                 reward_funcs=reward_funcs)
+    terms = terms_of(cfg.reward, reward_funcs)
     val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
     return with_restarts(lambda again: _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or again,
-                                                         pad_id, score_fn, engine_cls, learner_cls, val),
+                                                         pad_id, score_fn, engine_cls, learner_cls, val, terms),
                          cfg.rl.max_restarts, local, "grpo")
 
 
@@ -265,7 +272,8 @@ class _RunFiles:
 
 def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
                       resume: bool, pad_id: int, score_fn: ScoreFn, engine_cls: type | None,
-                      learner_cls: type | None, val_prompts: list[Prompt]) -> GRPOResult:
+                      learner_cls: type | None, val_prompts: list[Prompt], terms: tuple[RewardTerm, ...] = ()
+                      ) -> GRPOResult:
     from shop_r1.rollout.engine import max_model_len
 
     start_time = time.perf_counter()
@@ -279,7 +287,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     try:
         engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
                               engine_cls=engine_cls)
-        pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
+        pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn, terms=terms)
         # The schedule counts optimizer steps: rl.num_minibatches of them a GRPO step.
         learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps * cfg.rl.num_minibatches, cfg.seed,
                                 warmup_steps=cfg.rl.warmup_steps * cfg.rl.num_minibatches, local=local,

@@ -63,9 +63,10 @@ class StepRewards:
         return torch.tensor([[r.total for r in group] for group in self.rewards], dtype=torch.float64)
 
     def action_rewards(self) -> torch.Tensor:
-        """[P, G] the total without alpha * s(r): format + action_type + attribute + value, summed in one order for
-        every sample so that equal terms give bit-equal sums (total - alpha * s would not)."""
-        return torch.tensor([[r.format + r.action_type + r.attribute + r.value for r in group]
+        """[P, G] the total without alpha * s(r): format + action_type + attribute + value (+ the plug-in reward
+        functions' weighted values, shop_r1/reward/functions.py), summed in one order for every sample so that equal
+        terms give bit-equal sums (total - alpha * s would not)."""
+        return torch.tensor([[r.format + r.action_type + r.attribute + r.value + r.plugin_total for r in group]
                              for group in self.rewards], dtype=torch.float64)
 
     def right_type(self) -> torch.Tensor:
@@ -78,7 +79,8 @@ class StepRewards:
         signal (the content without alpha * s unless self-certainty breaks ties)."""
         decision = [[r.format + r.action_type for r in group] for group in self.rewards]
         content = [[r.total - (r.format + r.action_type) for r in group] for group in self.rewards]
-        content_tie = content if breaks_ties else [[r.attribute + r.value for r in group] for group in self.rewards]
+        content_tie = content if breaks_ties else [[r.attribute + r.value + r.plugin_total for r in group]
+                                                   for group in self.rewards]
         return (torch.tensor([decision, content], dtype=torch.float64),
                 torch.tensor([decision, content_tie], dtype=torch.float64))
 
