@@ -34,7 +34,7 @@ from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
 from shop_r1.distributed.sync_group import weight_sync_from_config
 from shop_r1.reward.functions import RewardFunction, RewardTerm, terms_of
-from shop_r1.reward.scorer import score_response, with_exact_self_certainty
+from shop_r1.reward.scorer import score_response
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
@@ -55,18 +55,18 @@ class GRPOResult:
     seconds: float
 
 
+def with_step_rewards(scored: list[ScoredGeneration], rewards: StepRewards) -> list[ScoredGeneration]:
+    """The scored groups with `rewards` (the same responses, totals as the owner formed them,
+    step_rewards.totals_and_advantages), each keeping what the reward stage parsed."""
+    return [dataclasses.replace(s, rewards=tuple(dataclasses.replace(new, parsed=old.parsed)
+                                                 for old, new in zip(s.rewards, group, strict=True)))
+            for s, group in zip(scored, rewards.rewards, strict=True)]
+
+
 def with_learner_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
                                 ) -> list[ScoredGeneration]:
     """certainty[i] (one per response, in batch order) replaces the i-th response's s(r); totals re-formed."""
-    if len(certainty) != sum(len(s.rewards) for s in scored):
-        raise ValueError(f"{len(certainty)} self-certainty values for {sum(len(s.rewards) for s in scored)} responses")
-    out, start = [], 0
-    for s in scored:
-        stop = start + len(s.rewards)
-        out.append(dataclasses.replace(s, rewards=tuple(with_exact_self_certainty(s.rewards, certainty[start:stop],
-                                                                                  cfg.reward))))
-        start = stop
-    return out
+    return with_step_rewards(scored, StepRewards.of(scored).with_self_certainty(certainty, cfg.reward))
 
 
 def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
@@ -76,8 +76,9 @@ def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
 def step_advantages(scored: list[ScoredGeneration], cfg: Config) -> GroupAdvantages:
     """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
     or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie
-    (shop_r1/algo/step_rewards.py, which the learner also runs under reward.self_certainty.source=update_logits)."""
-    return step_rewards.step_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward))
+    (shop_r1/algo/step_rewards.py: totals_and_advantages, which the learner also runs under
+    reward.self_certainty.source=update_logits)."""
+    return step_rewards.totals_and_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward)).advantages
 
 
 def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int
@@ -109,16 +110,13 @@ def update_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
     return score_fn is score_response and cfg.reward.self_certainty.source == "update_logits"
 
 
-def exact_self_certainty(scored: list[ScoredGeneration], batch: GRPOBatch, learners: Learners, cfg: Config,
-                         score_fn: ScoreFn) -> list[ScoredGeneration]:
-    """Where it applies (`learner_self_certainty_applies`), replace each response's s(r) by the exact value from the
-    policy's full logits at temperature 1 (one no-grad forward of the step's batch, each rank its share), and re-form
-    the totals."""
+def exact_self_certainty(batch: GRPOBatch, learners: Learners, cfg: Config, score_fn: ScoreFn) -> list[float] | None:
+    """Where it applies (`learner_self_certainty_applies`), each response's exact s(r) from the policy's full logits
+    at temperature 1 (one no-grad forward of the step's batch, each rank its share); else None (the rewards' own)."""
     if not learner_self_certainty_applies(cfg, score_fn):
-        return scored
-    values = learners.rationale_self_certainty(batch, cfg.reward.self_certainty.direction,
-                                               cfg.reward.self_certainty.normalize_by_vocab)
-    return with_learner_self_certainty(scored, values, cfg)
+        return None
+    return learners.rationale_self_certainty(batch, cfg.reward.self_certainty.direction,
+                                             cfg.reward.self_certainty.normalize_by_vocab)
 
 
 def update_batch(batch: GRPOBatch, adv: GroupAdvantages, cfg: Config) -> GRPOBatch:
@@ -149,9 +147,11 @@ def prepare_update(scored: list[ScoredGeneration], learners: Learners, cfg: Conf
     batch = build_grpo_batch(scored, zeros, pad_id, cfg.rollout.temperature)
     if update_self_certainty_applies(cfg, score_fn):
         return PreparedUpdate(scored, None, batch)
-    scored = exact_self_certainty(scored, batch, learners, cfg, score_fn)                  # s(r) at T = 1
-    adv = step_advantages(scored, cfg)                                                     # advantages
-    return PreparedUpdate(scored, adv, update_batch(batch, adv, cfg))
+    certainty = exact_self_certainty(batch, learners, cfg, score_fn)                       # s(r) at T = 1
+    owned = step_rewards.totals_and_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward),
+                                               certainty)                                  # totals, advantages
+    return PreparedUpdate(with_step_rewards(scored, owned.rewards), owned.advantages,
+                          update_batch(batch, owned.advantages, cfg))
 
 
 def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: GRPOStepStats, adv: Any, synced: Any,
