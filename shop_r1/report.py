@@ -146,6 +146,13 @@ def _held_out_file(data_dir: Path, example_ids: Sequence[str]) -> Path | None:
     return None
 
 
+def plugin_reward_keys(log: MetricsLog) -> list[str]:
+    """The plug-in reward functions' `reward/<name>` and `reward/<name>_applied` (shop_r1/reward/functions.py)."""
+    known = {f"reward/{t}" for t in REWARD_TERMS}
+    return sorted(k for k in log.keys() if k.startswith("reward/") and k not in known
+                  and not k.startswith("reward/num_failed"))
+
+
 def grpo_summary(log: MetricsLog) -> list[str]:
     steps, _ = log.series("reward/total")
     lines = [f"{len(log.records)} GRPO steps logged (steps {steps[0]}–{steps[-1]})." if steps else
@@ -153,7 +160,8 @@ def grpo_summary(log: MetricsLog) -> list[str]:
     if not steps:
         return lines
     lines += ["", "| metric | first step | last step | mean |", "|---|---:|---:|---:|"]
-    keys = [f"reward/{t}" for t in REWARD_TERMS] + [f"rollout/type_{t}" for t in (*ACTION_TYPES, "invalid")] + [
+    keys = [f"reward/{t}" for t in REWARD_TERMS] + plugin_reward_keys(log) + [
+        f"rollout/type_{t}" for t in (*ACTION_TYPES, "invalid")] + [
         "rollout/response_tokens_mean", "train/kl", "train/clip_fraction", "train/zero_signal_groups",
         "throughput/generated_tokens_per_s"]
     for key in keys:

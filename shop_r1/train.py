@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
 from shop_r1.distributed.sync_group import weight_sync_from_config
-from shop_r1.reward.scorer import score_response, with_exact_self_certainty
+from shop_r1.reward.functions import RewardFunction, RewardTerm, terms_of
+from shop_r1.reward.scorer import score_response
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
@@ -53,18 +55,18 @@ class GRPOResult:
     seconds: float
 
 
+def with_step_rewards(scored: list[ScoredGeneration], rewards: StepRewards) -> list[ScoredGeneration]:
+    """The scored groups with `rewards` (the same responses, totals as the owner formed them,
+    step_rewards.totals_and_advantages), each keeping what the reward stage parsed."""
+    return [dataclasses.replace(s, rewards=tuple(dataclasses.replace(new, parsed=old.parsed)
+                                                 for old, new in zip(s.rewards, group, strict=True)))
+            for s, group in zip(scored, rewards.rewards, strict=True)]
+
+
 def with_learner_self_certainty(scored: list[ScoredGeneration], certainty: list[float], cfg: Config
                                 ) -> list[ScoredGeneration]:
     """certainty[i] (one per response, in batch order) replaces the i-th response's s(r); totals re-formed."""
-    if len(certainty) != sum(len(s.rewards) for s in scored):
-        raise ValueError(f"{len(certainty)} self-certainty values for {sum(len(s.rewards) for s in scored)} responses")
-    out, start = [], 0
-    for s in scored:
-        stop = start + len(s.rewards)
-        out.append(dataclasses.replace(s, rewards=tuple(with_exact_self_certainty(s.rewards, certainty[start:stop],
-                                                                                  cfg.reward))))
-        start = stop
-    return out
+    return with_step_rewards(scored, StepRewards.of(scored).with_self_certainty(certainty, cfg.reward))
 
 
 def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
@@ -74,8 +76,9 @@ def _rewards(scored: list[ScoredGeneration]) -> torch.Tensor:
 def step_advantages(scored: list[ScoredGeneration], cfg: Config) -> GroupAdvantages:
     """Group advantages of the totals, scaled as rl.scale_rewards says; a group is zero-signal when its totals tie,
     or, with rl.self_certainty_breaks_ties=false, when its action rewards (the total without alpha * s) tie
-    (shop_r1/algo/step_rewards.py, which the learner also runs under reward.self_certainty.source=update_logits)."""
-    return step_rewards.step_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward))
+    (shop_r1/algo/step_rewards.py: totals_and_advantages, which the learner also runs under
+    reward.self_certainty.source=update_logits)."""
+    return step_rewards.totals_and_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward)).advantages
 
 
 def check_weight_sync(engines: Engines, learners: Learners, probe: Prompt, step: int, pad_id: int
@@ -107,16 +110,13 @@ def update_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
     return score_fn is score_response and cfg.reward.self_certainty.source == "update_logits"
 
 
-def exact_self_certainty(scored: list[ScoredGeneration], batch: GRPOBatch, learners: Learners, cfg: Config,
-                         score_fn: ScoreFn) -> list[ScoredGeneration]:
-    """Where it applies (`learner_self_certainty_applies`), replace each response's s(r) by the exact value from the
-    policy's full logits at temperature 1 (one no-grad forward of the step's batch, each rank its share), and re-form
-    the totals."""
+def exact_self_certainty(batch: GRPOBatch, learners: Learners, cfg: Config, score_fn: ScoreFn) -> list[float] | None:
+    """Where it applies (`learner_self_certainty_applies`), each response's exact s(r) from the policy's full logits
+    at temperature 1 (one no-grad forward of the step's batch, each rank its share); else None (the rewards' own)."""
     if not learner_self_certainty_applies(cfg, score_fn):
-        return scored
-    values = learners.rationale_self_certainty(batch, cfg.reward.self_certainty.direction,
-                                               cfg.reward.self_certainty.normalize_by_vocab)
-    return with_learner_self_certainty(scored, values, cfg)
+        return None
+    return learners.rationale_self_certainty(batch, cfg.reward.self_certainty.direction,
+                                             cfg.reward.self_certainty.normalize_by_vocab)
 
 
 def update_batch(batch: GRPOBatch, adv: GroupAdvantages, cfg: Config) -> GRPOBatch:
@@ -147,9 +147,11 @@ def prepare_update(scored: list[ScoredGeneration], learners: Learners, cfg: Conf
     batch = build_grpo_batch(scored, zeros, pad_id, cfg.rollout.temperature)
     if update_self_certainty_applies(cfg, score_fn):
         return PreparedUpdate(scored, None, batch)
-    scored = exact_self_certainty(scored, batch, learners, cfg, score_fn)                  # s(r) at T = 1
-    adv = step_advantages(scored, cfg)                                                     # advantages
-    return PreparedUpdate(scored, adv, update_batch(batch, adv, cfg))
+    certainty = exact_self_certainty(batch, learners, cfg, score_fn)                       # s(r) at T = 1
+    owned = step_rewards.totals_and_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward),
+                                               certainty)                                  # totals, advantages
+    return PreparedUpdate(with_step_rewards(scored, owned.rewards), owned.advantages,
+                          update_batch(batch, owned.advantages, cfg))
 
 
 def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: GRPOStepStats, adv: Any, synced: Any,
@@ -201,10 +203,13 @@ def step_metrics(scored: list[ScoredGeneration], rollout: StepRollout, update: G
 def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
              resume: bool = False, pad_id: int = 0, score_fn: ScoreFn | None = None,
              engine_cls: type | None = None, learner_cls: type | None = None,
-             val_prompts: list[Prompt] | None = None) -> GRPOResult:
+             val_prompts: list[Prompt] | None = None,
+             reward_funcs: Sequence[RewardFunction | RewardTerm] = ()) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
-    `score_fn` is the reward (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
+    `score_fn` scores each response's base terms (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
+    `reward_funcs`: reward functions of your own, TRL-style (shop_r1/reward/functions.py), added to the total with
+    `reward.functions` (a plain function weighs 1; a RewardTerm carries its weight), each logged as reward/<name>.
     `val_prompts`: encoded like `prompts`, from a validation split; with rl.val_every > 0 the first
     rl.val_examples of them are answered greedily every rl.val_every steps (`validate`).
     `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
@@ -216,10 +221,12 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     from shop_r1.distributed.actors import with_restarts
 
     score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
-    check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local)  # before any actor starts
+    check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local,  # before any actor starts
+                 reward_funcs=reward_funcs)
+    terms = terms_of(cfg.reward, reward_funcs)
     val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
     return with_restarts(lambda again: _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or again,
-                                                         pad_id, score_fn, engine_cls, learner_cls, val),
+                                                         pad_id, score_fn, engine_cls, learner_cls, val, terms),
                          cfg.rl.max_restarts, local, "grpo")
 
 
@@ -265,7 +272,8 @@ class _RunFiles:
 
 def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
                       resume: bool, pad_id: int, score_fn: ScoreFn, engine_cls: type | None,
-                      learner_cls: type | None, val_prompts: list[Prompt]) -> GRPOResult:
+                      learner_cls: type | None, val_prompts: list[Prompt], terms: tuple[RewardTerm, ...] = ()
+                      ) -> GRPOResult:
     from shop_r1.rollout.engine import max_model_len
 
     start_time = time.perf_counter()
@@ -279,7 +287,7 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     try:
         engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
                               engine_cls=engine_cls)
-        pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn)
+        pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn, terms=terms)
         # The schedule counts optimizer steps: rl.num_minibatches of them a GRPO step.
         learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps * cfg.rl.num_minibatches, cfg.seed,
                                 warmup_steps=cfg.rl.warmup_steps * cfg.rl.num_minibatches, local=local,

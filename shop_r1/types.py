@@ -145,6 +145,19 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True)
+class TermValue:
+    """One plug-in reward function's value for one response (shop_r1/reward/functions.py)."""
+
+    name: str
+    value: float | None  # None: the function does not apply to this response
+    weight: float
+
+    @property
+    def weighted(self) -> float:
+        return 0.0 if self.value is None else self.weight * self.value
+
+
+@dataclass(frozen=True)
 class RewardBreakdown:
     """Every term of the hybrid reward (Table 1 + Eq. 4), and their weighted total.
 
@@ -163,10 +176,20 @@ class RewardBreakdown:
     format_valid: bool = False
     error: str | None = None
     parsed: ParsedResponse | None = field(default=None, compare=False, repr=False)
+    terms: tuple[TermValue, ...] = ()
+    """The plug-in reward functions' values, in order; their weighted sum (`plugin_total`) is in `total`
+    (shop_r1/reward/functions.py). Empty with the default terms alone."""
 
-    def to_dict(self) -> dict[str, float]:
+    @property
+    def plugin_total(self) -> float:
+        """The plug-in functions' part of `total`: sum of weight * value over those that apply."""
+        return sum((t.weighted for t in self.terms), 0.0)
+
+    def to_dict(self) -> dict[str, float | None]:
+        """Every term by name, the plug-in functions' too (None where one does not apply)."""
         return {"format": self.format, "action_type": self.action_type, "attribute": self.attribute,
-                "value": self.value, "self_certainty": self.self_certainty, "total": self.total}
+                "value": self.value, "self_certainty": self.self_certainty, "total": self.total,
+                **{t.name: t.value for t in self.terms}}
 
 
 @dataclass(frozen=True)
@@ -251,6 +274,8 @@ class ScoreRequest:
     logprobs: TokenLogprobs | None = None
     page_names: tuple[str, ...] | None = None
     """The prompt's `page_names` (reward.click_guard); None: not known."""
+    prompt: Prompt | None = None
+    """The prompt it answers, for the plug-in reward functions (their `prompts`, `example_id`); None: not known."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """A step's rewards as its advantages read them, and the one function that turns them into advantages.
 
     StepRewards [P][G] RewardBreakdown (+ each group's target type)
-        -> with_self_certainty(s)   every response's s(r) replaced, totals re-formed (shop_r1/reward/scorer.py)
-        -> step_advantages          group advantages, scaled as rl.scale_rewards says (shop_r1/algo/advantages.py)
+        -> totals_and_advantages    the one owner of both, on the driver and in the learner:
+             with_self_certainty(s) every response's s(r) replaced, totals re-formed (shop_r1/reward/scorer.py)
+             step_advantages        group advantages, scaled as rl.scale_rewards says (shop_r1/algo/advantages.py)
         -> kept_rows                the rows the update trains (rl.drop_zero_signal_groups leaves tied groups out;
                                     kept_rows_before_self_certainty: the same, before s(r), where s(r) cannot move it)
 
@@ -63,9 +64,10 @@ class StepRewards:
         return torch.tensor([[r.total for r in group] for group in self.rewards], dtype=torch.float64)
 
     def action_rewards(self) -> torch.Tensor:
-        """[P, G] the total without alpha * s(r): format + action_type + attribute + value, summed in one order for
-        every sample so that equal terms give bit-equal sums (total - alpha * s would not)."""
-        return torch.tensor([[r.format + r.action_type + r.attribute + r.value for r in group]
+        """[P, G] the total without alpha * s(r): format + action_type + attribute + value (+ the plug-in reward
+        functions' weighted values, shop_r1/reward/functions.py), summed in one order for every sample so that equal
+        terms give bit-equal sums (total - alpha * s would not)."""
+        return torch.tensor([[r.format + r.action_type + r.attribute + r.value + r.plugin_total for r in group]
                              for group in self.rewards], dtype=torch.float64)
 
     def right_type(self) -> torch.Tensor:
@@ -78,7 +80,8 @@ class StepRewards:
         signal (the content without alpha * s unless self-certainty breaks ties)."""
         decision = [[r.format + r.action_type for r in group] for group in self.rewards]
         content = [[r.total - (r.format + r.action_type) for r in group] for group in self.rewards]
-        content_tie = content if breaks_ties else [[r.attribute + r.value for r in group] for group in self.rewards]
+        content_tie = content if breaks_ties else [[r.attribute + r.value + r.plugin_total for r in group]
+                                                   for group in self.rewards]
         return (torch.tensor([decision, content], dtype=torch.float64),
                 torch.tensor([decision, content_tie], dtype=torch.float64))
 
@@ -96,6 +99,26 @@ def step_advantages(rewards: StepRewards, cfg: AdvantageConfig) -> GroupAdvantag
         right_type = rewards.right_type()
     return group_advantages(rewards.totals(), scale=cfg.scale_rewards, tie_rewards=tie, strata=strata,
                             components=components, tie_components=tie_components, right_type=right_type)
+
+
+@dataclass(frozen=True)
+class StepAdvantages:
+    """The step's rewards with their final totals (s(r) replaced where the learner gave it) and their advantages."""
+
+    rewards: StepRewards
+    advantages: GroupAdvantages
+
+
+def totals_and_advantages(rewards: StepRewards, cfg: AdvantageConfig,
+                          self_certainty: Sequence[float] | None = None) -> StepAdvantages:
+    """The one owner of a step's totals and advantages, on the driver (shop_r1/train.py) and in the learner
+    (shop_r1/learner/grpo_step.py, reward.self_certainty.source=update_logits) alike: each response's s(r) replaced by
+    `self_certainty[i]` (batch order; None: the rewards' own s(r), engine top-k or none) with its total re-formed
+    (shop_r1/reward/scorer.py: with_exact_self_certainty; the plug-in functions' part of the total unchanged), then
+    `step_advantages` of those totals (scaling, tie rules, zero-signal groups)."""
+    if self_certainty is not None:
+        rewards = rewards.with_self_certainty(self_certainty, cfg.reward)
+    return StepAdvantages(rewards, step_advantages(rewards, cfg))
 
 
 def kept_rows(adv: GroupAdvantages, cfg: AdvantageConfig) -> list[int]:

@@ -42,7 +42,7 @@ from shop_r1.config.fields import ConfigError, Range, bounded
 from shop_r1.config.learner import LearnerConfig
 from shop_r1.config.logging import LoggingConfig
 from shop_r1.config.model import ModelConfig
-from shop_r1.config.reward import RewardConfig, SelfCertaintyConfig
+from shop_r1.config.reward import RewardConfig, RewardFunctionConfig, SelfCertaintyConfig
 from shop_r1.config.rl import AdvantageConfig, LossConfig, LossVariant, RLConfig
 from shop_r1.config.rollout import MAX_TOP_K_LOGPROBS, RolloutConfig
 from shop_r1.config.sft import SFTConfig
@@ -53,7 +53,7 @@ __all__ = [
     "CPU_LIST_KEYS", "EMPTY_MEANS_UNSET", "MAX_TOP_K_LOGPROBS", "PLACEMENT_KEYS", "RANGES", "RAY_RESOURCE_UNIT",
     "RENAMED", "TRANSPORTS", "AdvantageConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "LearnerConfig",
     "LoggingConfig", "LossConfig", "LossVariant", "ModelConfig", "RLConfig", "Range", "RayConfig", "RewardConfig",
-    "RewardPoolConfig", "RolloutConfig", "SFTConfig", "SelfCertaintyConfig", "WeightSyncConfig",
+    "RewardFunctionConfig", "RewardPoolConfig", "RolloutConfig", "SFTConfig", "SelfCertaintyConfig", "WeightSyncConfig",
     "WeightSyncTransport", "bounded", "check_context_budget", "check_ranges", "check_sessions_source",
     "config_to_dict", "cross_field_problems", "describe", "load_config", "parse_cpu_cores", "parse_resources",
     "save_config", "validate",

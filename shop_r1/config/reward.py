@@ -3,6 +3,7 @@ update (`problems`) and to GRPO's sampling (`grpo_problems`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -41,6 +42,18 @@ class SelfCertaintyConfig:
 
 
 @dataclass
+class RewardFunctionConfig:
+    """One entry of `reward.functions`: a reward function of your own and its weight."""
+
+    fn: str = ""
+    """"package.module:function", a batched TRL-style reward function: fn(prompts, completions, **columns) -> one
+    float per completion, None where it does not apply (shop_r1/reward/functions.py). Its name is its metric,
+    `reward/<name>`. The module must be importable on every node."""
+    weight: float = 1.0
+    """Its values join the total times this weight."""
+
+
+@dataclass
 class RewardConfig:
     dars_factor: float = bounded(1000.0, gt=0)
     """Difficulty-aware reward scaling (Table 1): multiplies ROUGE-L of long-text values (click name, typed text)."""
@@ -76,10 +89,16 @@ class RewardConfig:
     typing on pages where clicks earn only an exact name (issue 21; README "The main job"). A right terminate is paid
     by terminate_value alone. Not applied to `action_reward=binary` or to a `reward.fn` of your own."""
     self_certainty: SelfCertaintyConfig = field(default_factory=SelfCertaintyConfig)
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """Reward functions of your own *added* to the Shop-R1 terms, each `{fn: "pkg.module:function", weight: w}`
+    (TRL's `reward_funcs` shape: batched, prompts + completions + the example's columns -> floats or None). Each is
+    loaded and called once on a probe batch before any actor starts; one that cannot be imported or returns the
+    wrong number of values is refused, named. `run_grpo(reward_funcs=[...])` takes functions directly."""
     fn: str = ""
-    """A reward of your own for GRPO, as "package.module:function", called as fn(response, target, reward_cfg,
-    logprobs) -> RewardBreakdown in the reward actors (shop_r1/reward/worker.py: ScoreFn). Empty: the Shop-R1 hybrid
-    reward. The module must be importable on every node."""
+    """A per-response scorer that *replaces* the Shop-R1 terms (format, action, self-certainty), as
+    "package.module:function", called as fn(response, target, reward_cfg, logprobs) -> RewardBreakdown in the reward
+    actors (shop_r1/reward/worker.py: ScoreFn). Empty: the Shop-R1 hybrid reward. To add a term beside the paper's,
+    use `reward.functions` instead. The module must be importable on every node."""
 
     @property
     def effective_dars(self) -> float:
@@ -110,6 +129,12 @@ def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> li
         out.append(f"reward.self_certainty.source=update_logits needs the Shop-R1 reward (reward.fn empty, got "
                    f"{cfg.reward.fn!r}): a plug-in reward's total is its own, s(r) never re-forms it; use "
                    "reward.self_certainty.source=learner_logits")
+    for i, entry in enumerate(cfg.reward.functions):
+        module_name, _, name = entry.fn.partition(":")
+        if not module_name or not name:
+            out.append(f"reward.functions[{i}].fn={entry.fn!r}: expected 'package.module:function'")
+        if not math.isfinite(entry.weight):
+            out.append(f"reward.functions[{i}].weight={entry.weight}: expected a finite number")
     return out + fn_spec_problems(cfg.reward.fn)
 
 

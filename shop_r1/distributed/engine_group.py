@@ -190,7 +190,7 @@ class EngineGroup:
 
         def score(gens: list[Generation]) -> None:
             requests = [ScoreRequest(c.text, prompts[g.prompt_index].target, c.token_logprobs(g.vocab_size),
-                                     prompts[g.prompt_index].page_names)
+                                     prompts[g.prompt_index].page_names, prompts[g.prompt_index])
                         for g in gens for c in g.completions]
             tickets.append((gens, pool.submit(requests)))
 

@@ -28,6 +28,7 @@ from typing import Any
 from shop_r1.config import RewardConfig, RewardPoolConfig, parse_resources
 from shop_r1.distributed.actors import ActorTimeout, Resources, get, kill, spawn
 from shop_r1.reward.failures import TIMEOUT_ERROR, crash_error
+from shop_r1.reward.functions import RewardTerm
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.worker import RewardWorker, ScoreFn, fallback_reward
 from shop_r1.types import RewardBreakdown, ScoreRequest
@@ -56,10 +57,11 @@ def _is_actor_death(e: BaseException) -> bool:
 
 class RewardPool:
     def __init__(self, reward_cfg: RewardConfig, cfg: RewardPoolConfig, local: bool,
-                 score_fn: ScoreFn = score_response) -> None:
+                 score_fn: ScoreFn = score_response, terms: Sequence[RewardTerm] = ()) -> None:
         if local and cfg.num_workers != 1:
             cfg = dataclasses.replace(cfg, num_workers=1)
         self._reward_cfg, self._cfg, self._local, self._score_fn = reward_cfg, cfg, local, score_fn
+        self._terms = tuple(terms)  # the plug-in reward functions (shop_r1/reward/functions.py), checked by the caller
         workers = [self._spawn() for _ in range(cfg.num_workers)]
         self._wait_ready(workers)  # all start in parallel, each within ready_timeout_s
         self._workers = workers
@@ -68,7 +70,7 @@ class RewardPool:
         self.num_restarts = 0
 
     def _spawn(self) -> Any:
-        return spawn(RewardWorker, self._reward_cfg, self._score_fn, local=self._local,
+        return spawn(RewardWorker, self._reward_cfg, self._score_fn, self._terms, local=self._local,
                      resources=Resources(num_cpus=self._cfg.num_cpus_per_worker,
                                          custom=parse_resources(self._cfg.resources, "reward_pool.resources")))
 

@@ -33,7 +33,7 @@ from shop_r1.algo.step_rewards import (
     UpdateWithSelfCertainty,
     kept_rows,
     kept_rows_before_self_certainty,
-    step_advantages,
+    totals_and_advantages,
 )
 from shop_r1.config import AdvantageConfig, LossConfig
 from shop_r1.learner.forward import Forward
@@ -253,8 +253,8 @@ def grpo_update_with_self_certainty(backend: TrainingRank, batch: GRPOBatch, cfg
     padded = torch.zeros(rewards.num_responses, dtype=torch.float64)                     # 2. every rank's s(r)
     padded[first_row:first_row + n] = torch.tensor(mine, dtype=torch.float64)
     values = backend.all_reduce(padded).tolist()
-    reformed = rewards.with_self_certainty(values, adv_cfg.reward)                        # 3. advantages
-    adv = step_advantages(reformed, adv_cfg)
+    owned = totals_and_advantages(rewards, adv_cfg, values)                                # 3. advantages
+    reformed, adv = owned.rewards, owned.advantages
     flat, kept = adv.advantages.reshape(-1), set(kept_rows(adv, adv_cfg))
     if known is not None and kept != known_set:
         raise RuntimeError(f"the kept rows {sorted(kept)} differ from those known before s(r) {sorted(known)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shop_r1.metrics import PREDICTED_KINDS, compute_metrics
+from shop_r1.reward.functions import term_metrics
 from shop_r1.types import ACTION_TYPES, Action, ScoredGeneration
 
 REWARD_TERMS = ("format", "action_type", "attribute", "value", "self_certainty", "total")
@@ -22,6 +23,7 @@ def rollout_metrics(scored: Sequence[ScoredGeneration]) -> dict[str, float]:
     completions = [c for s in scored for c in s.generation.completions]
     n = max(len(rewards), 1)
     out = {f"reward/{k}": sum(getattr(r, k) for r in rewards) / n for k in REWARD_TERMS}
+    out.update(term_metrics(rewards))  # the plug-in reward functions' reward/<name> (shop_r1/reward/functions.py)
     # The reward stage's parse; a response whose scoring failed counts as invalid (it earned 0, see num_failed).
     types = [r.parsed.action.type if r.parsed is not None else "invalid" for r in rewards]
     for kind in (*ACTION_TYPES, "invalid"):

@@ -42,3 +42,23 @@ def test_the_kept_rows_known_before_s_are_those_after_it(scale):
 def test_none_where_s_breaks_ties():
     cfg = RLConfig(drop_zero_signal_groups=True).advantage_config(RewardConfig())
     assert cfg.self_certainty_breaks_ties and kept_rows_before_self_certainty(_rewards(0), cfg) is None
+
+
+def test_one_owner_re_forms_the_totals_and_gives_their_advantages():
+    """totals_and_advantages: s(r) = (2, 4) replaces (0, 0) with alpha = 0.005, so totals 1.0 -> 1.01 and 1.02; a
+    plug-in function's 0.5 in the second total stays. Group advantages of (1.01, 1.52): centred -/+ 0.255, std
+    0.51 / sqrt(2) = 0.360624 -> -/+ 0.707105 (eps 1e-6)."""
+    from shop_r1.algo.step_rewards import totals_and_advantages
+    from shop_r1.config import load_config
+    from shop_r1.types import RewardBreakdown, TermValue
+
+    cfg = load_config(None, [])
+    a = RewardBreakdown(format=0.5, action_type=0.3, attribute=0.2, total=1.0, format_valid=True)
+    b = RewardBreakdown(format=0.5, action_type=0.3, attribute=0.2, total=1.5, format_valid=True,
+                        terms=(TermValue("bonus", 1.0, 0.5),))
+    owned = totals_and_advantages(StepRewards(((a, b),), (0,)), cfg.rl.advantage_config(cfg.reward), [2.0, 4.0])
+    assert [r.total for r in owned.rewards.rewards[0]] == pytest.approx([1.01, 1.52])
+    assert [r.self_certainty for r in owned.rewards.rewards[0]] == [2.0, 4.0]
+    assert owned.advantages.advantages[0].tolist() == pytest.approx([-0.707105, 0.707105], abs=1e-6)
+    unchanged = totals_and_advantages(StepRewards(((a, b),), (0,)), cfg.rl.advantage_config(cfg.reward))
+    assert [r.total for r in unchanged.rewards.rewards[0]] == [1.0, 1.5]

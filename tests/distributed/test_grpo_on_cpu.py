@@ -187,3 +187,29 @@ def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, t
     wa, wb = _weights(tmp_path / "a" / "rl" / "hf"), _weights(tmp_path / "b" / "rl" / "hf")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def brevity(prompts, completions, target, **kwargs):
+    """A batched TRL-style reward function (reward.functions): 1 for a completion under 40 characters, None (does not
+    apply) for a terminate target."""
+    return [None if t.type == "terminate" else float(len(c) < 40) for c, t in zip(completions, target)]
+
+
+@pytest.mark.slow
+def test_a_reward_function_from_the_config_trains_beside_the_shop_r1_terms(ray_local_cluster, tiny_model_dir,
+                                                                           prompts, tmp_path):
+    """reward.functions: the user's function is added to the default terms and logged as reward/<name>."""
+    _register_by_value()
+    pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
+    cfg = load_config(None, [f"run_dir={tmp_path}", "rl.steps=2", "rollout.group_size=4", "rl.global_batch_size=8",
+                             "rollout.max_new_tokens=16", "rl.lr=1e-3", "logging.wandb=false",
+                             "rollout.kv_cache_gib=1", "reward_pool.num_workers=1", "rollout.temperature=0.6",
+                             f"reward.functions=[{{fn: '{__name__}:brevity', weight: 2.0}}]"])
+    result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad)
+    assert result.num_steps == 2
+    logged = [json.loads(line) for line in (tmp_path / "metrics_grpo.jsonl").read_text().splitlines()]
+    for r in logged:
+        assert {"reward/brevity", "reward/brevity_applied", "reward/format", "reward/total"} <= set(r)
+        assert 0.0 <= r["reward/brevity"] <= 1.0 and 0.0 < r["reward/brevity_applied"] <= 1.0
+    dumped = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert dumped  # the rollout dump still writes every sample
