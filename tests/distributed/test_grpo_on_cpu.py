@@ -208,8 +208,22 @@ def test_a_reward_function_from_the_config_trains_beside_the_shop_r1_terms(ray_l
     result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad)
     assert result.num_steps == 2
     logged = [json.loads(line) for line in (tmp_path / "metrics_grpo.jsonl").read_text().splitlines()]
+    dumped = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    targets = {p.example_id: p.target for p in prompts}
+    assert len(logged) == 2 and len(dumped) == 4  # 2 steps of 2 groups of 4
     for r in logged:
         assert {"reward/brevity", "reward/brevity_applied", "reward/format", "reward/total"} <= set(r)
-        assert 0.0 <= r["reward/brevity"] <= 1.0 and 0.0 < r["reward/brevity_applied"] <= 1.0
-    dumped = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
-    assert dumped  # the rollout dump still writes every sample
+        groups = [g for g in dumped if g["step"] == r["step"]]
+        samples = [(s, targets[g["example_id"]]) for g in groups for s in g["samples"]]
+        # The function's own value reached every sample's breakdown: None exactly on terminate targets, else
+        # 1 for a completion under 40 characters (the dump's text is the completion the function saw).
+        for s, t in samples:
+            want = None if t.type == "terminate" else float(len(s["text"]) < 40)
+            assert s["reward"]["brevity"] == want
+            rw = s["reward"]  # the total: the Shop-R1 terms plus weight 2 x the function's value
+            base = rw["format"] + rw["action_type"] + rw["attribute"] + rw["value"] \
+                + cfg.reward.alpha * rw["self_certainty"] * cfg.reward.rationale_reward
+            assert rw["total"] == pytest.approx(base + 2.0 * (want or 0.0), abs=1e-9)
+        applied = [float(len(s["text"]) < 40) for s, t in samples if t.type != "terminate"]
+        assert r["reward/brevity_applied"] == pytest.approx(len(applied) / len(samples))
+        assert r["reward/brevity"] == pytest.approx(sum(applied) / len(applied) if applied else 0.0)
