@@ -23,7 +23,7 @@ from shop_r1 import checkpoint
 from shop_r1.algo import finite, step_rewards
 from shop_r1.algo.advantages import GroupAdvantages
 from shop_r1.algo.batch import GRPOBatch, build_grpo_batch
-from shop_r1.algo.step_rewards import StepRewards
+from shop_r1.algo.step_rewards import StepRewards, update_rows
 from shop_r1.config import Config, config_to_dict
 from shop_r1.config import validate as check_config
 from shop_r1.data.sampler import Cursor, PromptSampler
@@ -110,25 +110,11 @@ def update_self_certainty_applies(cfg: Config, score_fn: ScoreFn) -> bool:
     return score_fn is score_response and cfg.reward.self_certainty.source == "update_logits"
 
 
-def exact_self_certainty(batch: GRPOBatch, learners: Learners, cfg: Config, score_fn: ScoreFn) -> list[float] | None:
-    """Where it applies (`learner_self_certainty_applies`), each response's exact s(r) from the policy's full logits
-    at temperature 1 (one no-grad forward of the step's batch, each rank its share); else None (the rewards' own)."""
-    if not learner_self_certainty_applies(cfg, score_fn):
-        return None
-    return learners.rationale_self_certainty(batch, cfg.reward.self_certainty.direction,
-                                             cfg.reward.self_certainty.normalize_by_vocab)
-
-
 def update_batch(batch: GRPOBatch, adv: GroupAdvantages, cfg: Config) -> GRPOBatch:
     """The learner's batch: every response with its advantage, minus the groups without signal when
     `rl.drop_zero_signal_groups` (tied rewards: zero advantages, nothing to learn); with rl.loss_tokens=action only
-    the completion tokens outside the rationale train."""
-    batch = batch.with_advantages(adv.advantages)
-    if cfg.rl.loss_tokens == "action":
-        batch = batch.outside_rationale()
-    if not cfg.rl.drop_zero_signal_groups:
-        return batch
-    return batch.select(step_rewards.kept_rows(adv, cfg.rl.advantage_config(cfg.reward)))
+    the completion tokens outside the rationale train (grpo_step.update_rows, the learner's one-call update's too)."""
+    return update_rows(batch, adv, cfg.rl.advantage_config(cfg.reward), cfg.rl.loss_tokens == "action")
 
 
 @dataclass(frozen=True)
@@ -140,16 +126,17 @@ class PreparedUpdate:
 
 def prepare_update(scored: list[ScoredGeneration], learners: Learners, cfg: Config, pad_id: int,
                    score_fn: ScoreFn) -> PreparedUpdate:
-    """One batch per step: built once from the rollout, sent for the exact s(r) where it applies, then given the
-    advantages of the (re-formed) totals for the update. Under reward.self_certainty.source=update_logits the whole
-    batch goes to the update as it is: s(r) and the advantages come from the update's own forward."""
+    """One batch per step, built once from the rollout, and one learner call for it. Where the learner's exact s(r)
+    applies (reward.self_certainty.source=learner_logits or update_logits, with the Shop-R1 terms) the whole batch
+    goes to the update as it is: s(r) and the advantages (step_rewards.totals_and_advantages) are computed in that
+    call, from a no-grad forward first (learner_logits) or from the update's own forward (update_logits). Otherwise
+    (topk_logprobs, a plug-in `reward.fn`) the advantages of the rewards' own totals are computed here."""
     zeros = torch.zeros(len(scored), cfg.rollout.group_size, dtype=torch.float64)
     batch = build_grpo_batch(scored, zeros, pad_id, cfg.rollout.temperature)
-    if update_self_certainty_applies(cfg, score_fn):
-        return PreparedUpdate(scored, None, batch)
-    certainty = exact_self_certainty(batch, learners, cfg, score_fn)                       # s(r) at T = 1
+    if update_self_certainty_applies(cfg, score_fn) or learner_self_certainty_applies(cfg, score_fn):
+        return PreparedUpdate(scored, None, batch)    # s(r) and the advantages in the update's own call
     owned = step_rewards.totals_and_advantages(StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward),
-                                               certainty)                                  # totals, advantages
+                                               None)                  # totals (the engines' s(r)), advantages
     return PreparedUpdate(with_step_rewards(scored, owned.rewards), owned.advantages,
                           update_batch(batch, owned.advantages, cfg))
 
@@ -372,8 +359,12 @@ def update_from_own_logits(learners: Learners, batch: GRPOBatch, scored: list[Sc
     `step_advantages`), trains, and returns them; the scored groups are re-formed here with the same s(r), so the
     logs and the rollout dump read as under learner_logits. A step it did not train (nothing left, or a NaN/inf reward
     or advantage) is SKIPPED as `learner_update` reports it."""
-    out = learners.grpo_step_with_self_certainty(batch, cfg.rl.loss_config(cfg.rollout.max_new_tokens),
-                                                 StepRewards.of(scored), cfg.rl.advantage_config(cfg.reward))[0]
+    loss_cfg, adv_cfg = cfg.rl.loss_config(cfg.rollout.max_new_tokens), cfg.rl.advantage_config(cfg.reward)
+    if cfg.reward.self_certainty.source == "update_logits":
+        out = learners.grpo_step_with_self_certainty(batch, loss_cfg, StepRewards.of(scored), adv_cfg)[0]
+    else:  # learner_logits: a no-grad forward for s(r), then the update, in the same call
+        out = learners.grpo_step_after_self_certainty(batch, loss_cfg, StepRewards.of(scored), adv_cfg,
+                                                      cfg.rl.loss_tokens == "action")[0]
     scored = with_learner_self_certainty(scored, out.self_certainty, cfg)
     if out.updated:
         update = out.stats

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from shop_r1.algo.advantages import GroupAdvantages, group_advantages
+from shop_r1.algo.batch import GRPOBatch
 from shop_r1.config import AdvantageConfig, RewardConfig
 from shop_r1.reward.scorer import with_exact_self_certainty
 from shop_r1.types import ACTION_TYPES, GRPOStepStats, RewardBreakdown, ScoredGeneration
@@ -151,3 +152,17 @@ class UpdateWithSelfCertainty:
     """Whether the update ran (an optimizer step was taken or skipped by the learner's own finite check); False when
     there was nothing to train (every group dropped) or a reward or advantage was NaN/inf (`stats.nonfinite` says
     which): the driver reports those steps as it does when it never calls the learner (train.SKIPPED)."""
+
+
+def update_rows(batch: GRPOBatch, adv: GroupAdvantages, adv_cfg: AdvantageConfig, action_only: bool) -> GRPOBatch:
+    """The batch the update trains: every response with its advantage, minus the groups without signal when
+    rl.drop_zero_signal_groups (`kept_rows`); with rl.loss_tokens=action (`action_only`) only the completion tokens
+    outside the rationale train. The driver's (train.update_batch) and the learner's one-call update's alike
+    (shop_r1/learner/grpo_step.py: grpo_update_after_self_certainty)."""
+    batch = batch.with_advantages(adv.advantages)
+    if action_only:
+        batch = batch.outside_rationale()
+    if not adv_cfg.drop_zero_signal_groups:
+        return batch
+    return batch.select(kept_rows(adv, adv_cfg))
+

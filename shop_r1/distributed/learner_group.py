@@ -129,6 +129,16 @@ class LearnerGroup:
                 for r, share, first in zip(self.ranks, shares, firsts)]
         return self._run(refs, "grpo_step_with_self_certainty", max(map(_tokens, shares)))
 
+    def grpo_step_after_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                       adv_cfg: AdvantageConfig, action_only: bool
+                                       ) -> list[UpdateWithSelfCertainty]:
+        """Every rank gets the whole batch (it takes s(r) of its contiguous share, then trains its contiguous share of
+        the rows kept: the same shares as `rationale_self_certainty` then `grpo_step` of the kept batch); the
+        timeout allows for both passes."""
+        refs = [r.grpo_step_after_self_certainty.remote(batch, loss_cfg, rewards, adv_cfg, action_only)
+                for r in self.ranks]
+        return self._run(refs, "grpo_step_after_self_certainty", 2 * _tokens(batch) // self.world_size + 1)
+
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
         """Each rank computes its own share's values (s(r) of a response depends on its row alone) and every rank

@@ -82,6 +82,13 @@ class Learners(Protocol):
         advantages not yet known; each rank gets its share) whose own forward gives s(r); the advantages from the
         re-formed `rewards`. Per rank (every rank holds every response's s(r) and the same advantages)."""
 
+    def grpo_step_after_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                       adv_cfg: AdvantageConfig, action_only: bool
+                                       ) -> list[UpdateWithSelfCertainty]:
+        """reward.self_certainty.source=learner_logits in one call: the step's whole batch to every rank, which takes
+        s(r) of its share without gradient, the advantages of the re-formed `rewards`, then updates its share of the
+        rows that train. Per rank (every rank holds every response's s(r) and the same advantages)."""
+
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
         """s(r) per response, in the batch's order (each rank computes its share's)."""

@@ -34,6 +34,7 @@ from shop_r1.algo.step_rewards import (
     kept_rows,
     kept_rows_before_self_certainty,
     totals_and_advantages,
+    update_rows,
 )
 from shop_r1.config import AdvantageConfig, LossConfig
 from shop_r1.learner.forward import Forward
@@ -323,3 +324,41 @@ def probe_logprobs(backend: TrainingRank, batch: GRPOBatch, pack: bool = False) 
         for b in range(lp.shape[0]):
             out.append(lp[b][mb.completion_mask[b].bool().to(backend.device)].float().cpu().tolist())
     return out[:batch.num_responses]  # without the padding rows of micro_batches
+
+
+def contiguous_share(n: int, rank: int, world_size: int) -> range:
+    """Rank `rank`'s rows of n: [rank n / K, (rank + 1) n / K), contiguous and even (the learner group's split)."""
+    return range(rank * n // world_size, (rank + 1) * n // world_size)
+
+
+def grpo_update_after_self_certainty(backend: TrainingRank, batch: GRPOBatch, cfg: LossConfig, rewards: StepRewards,
+                                     adv_cfg: AdvantageConfig, action_only: bool, rank: int, world_size: int,
+                                     step: int, pack: bool = False) -> UpdateWithSelfCertainty:
+    """reward.self_certainty.source=learner_logits in one learner call: `batch` is the step's *whole* batch (every
+    group, advantages not yet known), on every rank. Each rank
+      1. takes s(r) of its contiguous share of the rows (`rationale_self_certainty`: no-grad, temperature 1),
+      2. sums the zero-padded [B] vector over ranks: every response's s(r) on every rank,
+      3. re-forms the totals and computes the advantages (`totals_and_advantages`, the driver's function),
+      4. selects the rows to train (`update_rows`) and runs `grpo_update` on its contiguous share of them:
+    the same forwards, micro-batches and numbers as the driver's two calls (s(r), then the update of the kept batch),
+    in one. Nothing is trained when no row is left or a reward or advantage is NaN/inf (`stats.nonfinite`): every
+    rank sees the same numbers and skips alike, `updated` False."""
+    direction = adv_cfg.reward.self_certainty.direction
+    normalize = adv_cfg.reward.self_certainty.normalize_by_vocab
+    world = world_size
+    mine = contiguous_share(batch.num_responses, rank, world)
+    share = batch if world == 1 else batch.select(mine)
+    values_mine = rationale_self_certainty(backend, share, direction, normalize, pack)     # 1. this rank's s(r)
+    padded = torch.zeros(batch.num_responses, dtype=torch.float64)                        # 2. every response's
+    padded[mine.start:mine.stop] = torch.tensor(values_mine, dtype=torch.float64)
+    values = backend.all_reduce(padded).tolist()
+    owned = totals_and_advantages(rewards, adv_cfg, values)                               # 3. the advantages
+    cause = finite.driver_cause(owned.rewards.totals(), owned.advantages.advantages)
+    trained = update_rows(batch, owned.advantages, adv_cfg, action_only)                  # 4. the update
+    if cause or not trained.num_responses:
+        skipped = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0,
+                                step=step, nonfinite=cause)
+        return UpdateWithSelfCertainty(skipped, values, owned.advantages, updated=False)
+    share = trained if world == 1 else trained.select(contiguous_share(trained.num_responses, rank, world))
+    stats = grpo_update(backend, share, cfg, step=step, pack=pack)
+    return UpdateWithSelfCertainty(stats, values, owned.advantages, updated=True)

@@ -45,6 +45,12 @@ class Learner(Protocol):
         batch; the learner's step counts only an update that ran (`updated`). Where rl.self_certainty_breaks_ties=
         false the dropped groups are known first and forward without gradient (grpo_step.py states the cost)."""
 
+    def grpo_step_after_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                       adv_cfg: AdvantageConfig, action_only: bool) -> UpdateWithSelfCertainty:
+        """reward.self_certainty.source=learner_logits in one call: `batch` is the step's whole batch on every rank;
+        s(r) of this rank's share, summed over ranks, the advantages, then `grpo_step` of this rank's share of the
+        rows that train. The learner's step counts only an update that ran (`updated`)."""
+
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
                                  normalize_by_vocab: bool = False) -> list[float]:
         """s(r) of each response of this rank's share from the full logits at temperature 1 (no gradient); every rank

@@ -31,6 +31,7 @@ from shop_r1.learner.backend import (
 )
 from shop_r1.learner.grpo_step import (
     grpo_update,
+    grpo_update_after_self_certainty,
     grpo_update_with_self_certainty,
     probe_logprobs,
     rationale_self_certainty,
@@ -98,6 +99,18 @@ class LearnerRank:
         every micro-batch holding a kept row (can exceed learner_logits when many groups are dropped)."""
         out = grpo_update_with_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, first_row, step=self.step + 1,
                                               pack=self.cfg.pack_sequences)
+        if not out.updated:
+            self.backend.release_gathered()
+        self.step += int(out.updated)
+        return out
+
+    def grpo_step_after_self_certainty(self, batch: GRPOBatch, loss_cfg: LossConfig, rewards: StepRewards,
+                                       adv_cfg: AdvantageConfig, action_only: bool) -> UpdateWithSelfCertainty:
+        """reward.self_certainty.source=learner_logits in one call: s(r) of this rank's share of the whole batch
+        (no-grad), every response's summed over ranks, the advantages, then the update of the kept rows' share
+        (shop_r1/learner/grpo_step.py: the driver's two calls' numbers, in one)."""
+        out = grpo_update_after_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, action_only, self.rank,
+                                               self.world_size, step=self.step + 1, pack=self.cfg.pack_sequences)
         if not out.updated:
             self.backend.release_gathered()
         self.step += int(out.updated)

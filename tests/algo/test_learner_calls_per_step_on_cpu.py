@@ -1,7 +1,6 @@
 """How many times a GRPO step calls the learner group for its update (train.prepare_update + train.update_step, no
-Ray, a fake learner group that counts): issue 46 asks for one call per step, besides the weight sync, in every
-reward.self_certainty.source. Today learner_logits makes two (a no-grad forward for s(r), then the update): that case
-is marked xfail (strict) until the update takes s(r) from its own forward there too."""
+Ray, a fake learner group that counts): one call per step, besides the weight sync, in every
+reward.self_certainty.source (learner_logits: the no-grad s(r) forward and the update in one call)."""
 
 import pytest
 import torch
@@ -32,19 +31,21 @@ class CountingLearners:
         self.calls.append("grpo_step")
         return [STATS]
 
+    def grpo_step_after_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, action_only):
+        self.calls.append("grpo_step_after_self_certainty")
+        return self._with_self_certainty(batch, rewards)
+
     def grpo_step_with_self_certainty(self, batch, loss_cfg, rewards, adv_cfg):
         self.calls.append("grpo_step_with_self_certainty")
+        return self._with_self_certainty(batch, rewards)
+
+    def _with_self_certainty(self, batch, rewards):
         adv = GroupAdvantages(torch.zeros(len(rewards.rewards), rewards.group_size, dtype=torch.float64),
                               torch.zeros(len(rewards.rewards), dtype=torch.bool))
         return [UpdateWithSelfCertainty(STATS, [1.0] * batch.num_responses, adv, updated=True)]
 
 
-@pytest.mark.parametrize("source", [
-    "topk_logprobs", "update_logits",
-    pytest.param("learner_logits", marks=pytest.mark.xfail(
-        strict=True, reason="issue 46 section 1, not done: learner_logits still makes a no-grad s(r) forward call "
-                            "before the update")),
-])
+@pytest.mark.parametrize("source", ["topk_logprobs", "update_logits", "learner_logits"])
 def test_a_grpo_step_calls_the_learner_group_once(source):
     cfg = load_config(None, ["rollout.group_size=2", "rl.global_batch_size=4", "rollout.temperature=1",
                              f"reward.self_certainty.source={source}"])

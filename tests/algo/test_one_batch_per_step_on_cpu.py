@@ -5,24 +5,34 @@ totals reach the advantages unchanged, even when its responses parse and carry a
 import torch
 
 from shop_r1.algo.advantages import group_advantages
+from shop_r1.algo.step_rewards import StepRewards, UpdateWithSelfCertainty, totals_and_advantages
 from shop_r1.config import load_config
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.worker import with_parse
-from shop_r1.train import learner_self_certainty_applies, prepare_update, with_learner_self_certainty
+from shop_r1.train import learner_self_certainty_applies, prepare_update, update_step, with_learner_self_certainty
+from shop_r1.types import GRPOStepStats
 from tests.algo.test_exact_grpo_on_cpu import CLICK, VALID, _scored
 
 OTHER = '{"rationale": "Looking around first.", "action": {"type": "terminate"}}'
+STATS = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=1, step=1)
 
 
 class FakeLearners:
     """The learner group's self-certainty call: s(r) = 2 + i for the i-th response of the batch it is sent."""
 
     def __init__(self):
-        self.batches = []
+        self.batches, self.updates = [], []
 
     def rationale_self_certainty(self, batch, direction, normalize_by_vocab=False):
         self.batches.append(batch)
         return [2.0 + i for i in range(batch.num_responses)]
+
+    def grpo_step_after_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, action_only):
+        """The one-call update (learner_logits): s(r) = 2 + i, the advantages as the learner computes them."""
+        self.updates.append((batch, rewards))
+        values = [2.0 + i for i in range(batch.num_responses)]
+        owned = totals_and_advantages(rewards, adv_cfg, values)
+        return [UpdateWithSelfCertainty(STATS, values, owned.advantages, updated=True)]
 
 
 def plugin_reward(response, target, cfg, logprobs):
@@ -62,22 +72,26 @@ def test_a_plugin_rewards_totals_reach_the_advantages_unchanged():
 
 
 def test_the_shop_r1_reward_gets_the_exact_self_certainty_from_the_same_batch():
+    """learner_logits: prepare_update sends nothing (no s(r) call); the one update call gets the batch itself and the
+    step's rewards, and the driver re-forms the scored groups with the s(r) that call returns."""
     cfg = load_config(None, ["rollout.group_size=2", "rl.global_batch_size=4"])
     scored, learners = [_scored([VALID, OTHER], "ex0"), _scored([OTHER, VALID], "ex1")], FakeLearners()
     assert learner_self_certainty_applies(cfg, score_response)
     prepared = prepare_update(scored, learners, cfg, pad_id=0, score_fn=score_response)
-    (sent,) = learners.batches
-    # One batch: the rows sent for s(r) are the rows trained on (the same tensors), advantages filled in after.
-    assert sent.input_ids is prepared.batch.input_ids and sent.rationale_mask is prepared.batch.rationale_mask
-    assert sent.advantages.abs().sum() == 0 and prepared.batch.temperature == cfg.rollout.temperature
-    certainty = [r.self_certainty for s in prepared.scored for r in s.rewards]
+    assert learners.batches == [] and prepared.adv is None  # s(r) and the advantages come with the update
+    assert prepared.batch.advantages.abs().sum() == 0 and prepared.batch.temperature == cfg.rollout.temperature
+    got, adv, update = update_step(learners, prepared, cfg)
+    ((sent, rewards),) = learners.updates
+    assert sent is prepared.batch  # one batch: the rows s(r) is taken on are the rows trained on
+    assert rewards == StepRewards.of(scored)
+    certainty = [r.self_certainty for s in got for r in s.rewards]
     assert certainty == [2.0, 3.0, 4.0, 5.0]
     # Totals re-formed: + alpha * s(r) on top of each original total (their engine s(r) was 0: no top-k logprobs).
     before = [r.total for s in scored for r in s.rewards]
-    after = [r.total for s in prepared.scored for r in s.rewards]
+    after = [r.total for s in got for r in s.rewards]
     assert after == [b + cfg.reward.alpha * c for b, c in zip(before, certainty)]
     totals = torch.tensor(after, dtype=torch.float64).view(2, 2)
-    assert torch.equal(prepared.batch.advantages, group_advantages(totals).advantages.reshape(-1))
+    assert torch.equal(adv.advantages, group_advantages(totals).advantages) and update is STATS
 
 
 def test_topk_self_certainty_needs_no_learner_forward_and_dropped_groups_leave_the_batch():

@@ -13,7 +13,12 @@ from shop_r1.config import LearnerConfig, load_config
 from shop_r1.distributed.engine_group import ScoredBatch
 from shop_r1.distributed.protocols import SyncStats
 from shop_r1.distributed.rollouts import StepRollout
-from shop_r1.learner.grpo_step import grpo_update, grpo_update_with_self_certainty, rationale_self_certainty
+from shop_r1.learner.grpo_step import (
+    grpo_update,
+    grpo_update_after_self_certainty,
+    grpo_update_with_self_certainty,
+    rationale_self_certainty,
+)
 from shop_r1.reward.scorer import score_response
 from shop_r1.rollout.records import rollout_records
 from shop_r1.train import SKIPPED, prepare_update, step_metrics, update_step
@@ -44,6 +49,11 @@ class InProcessLearners:
     def grpo_step_with_self_certainty(self, batch, loss_cfg, rewards, adv_cfg):
         self.calls.append("grpo_step_with_self_certainty")
         return [grpo_update_with_self_certainty(self.backend, batch, loss_cfg, rewards, adv_cfg, 0, step=1)]
+
+    def grpo_step_after_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, action_only):
+        self.calls.append("grpo_step_after_self_certainty")
+        return [grpo_update_after_self_certainty(self.backend, batch, loss_cfg, rewards, adv_cfg, action_only, 0, 1,
+                                                 step=1)]
 
 
 def _group(example_id, texts, seed):
@@ -97,9 +107,9 @@ def _metrics(scored, adv, update):
 def test_update_logits_makes_no_forward_before_the_update_and_ends_the_step_as_learner_logits(models):
     t_calls, today, t_scored, t_adv, t_update = _step(models, "learner_logits", _scored())
     o_calls, ours, o_scored, o_adv, o_update = _step(models, "update_logits", _scored())
-    # The advantages stage (timing/advantages): today one learner forward for s(r), now none.
-    assert t_calls == ["rationale_self_certainty"] and o_calls == []
-    assert today.calls == ["rationale_self_certainty", "grpo_step"] and ours.calls == ["grpo_step_with_self_certainty"]
+    # The advantages stage (timing/advantages) calls no learner under either: each step is one learner call.
+    assert t_calls == [] and o_calls == []
+    assert today.calls == ["grpo_step_after_self_certainty"] and ours.calls == ["grpo_step_with_self_certainty"]
     # The same exact s(r) and totals in what is logged and dumped (format-invalid responses keep s = 0 and total 0).
     t_rewards = [r for s in t_scored for r in s.rewards]
     o_rewards = [r for s in o_scored for r in s.rewards]

@@ -148,3 +148,36 @@ def test_self_certainty_from_the_update_on_two_zero3_ranks_equals_one_rank(ray_l
     finally:
         one.shutdown()
         two.shutdown()
+
+
+@pytest.mark.timeout(900)
+def test_learner_logits_in_one_call_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir):
+    """reward.self_certainty.source=learner_logits in one learner call on Ray: every rank gets the whole batch, takes
+    s(r) of its contiguous share (rank 0 rows 0-2, rank 1 rows 3-5), sums them, computes the advantages, then trains
+    its share of the kept rows (group 0 dropped: rows 2-5 split 2 + 2); s(r), advantages and the update's figures
+    equal one rank's."""
+    from shop_r1.config import RewardConfig
+    from shop_r1.distributed.learner_group import LearnerGroup
+    from tests.learner.test_update_self_certainty_on_cpu import REWARDS, _batch
+
+    rl = RLConfig(kl_beta=0.1, drop_zero_signal_groups=True)
+    loss, adv_cfg = rl.loss_config(max_new_tokens=16), rl.advantage_config(RewardConfig())
+    common = dict(backend="deepspeed", zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
+    one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-3, 3, 0, local=False,
+                       reference_path=str(tiny_model_dir))
+    two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-3, 3, 0, local=False,
+                       reference_path=str(tiny_model_dir))
+    try:
+        (a,) = one.grpo_step_after_self_certainty(_batch(), loss, REWARDS, adv_cfg, False)
+        b = two.grpo_step_after_self_certainty(_batch(), loss, REWARDS, adv_cfg, False)
+        assert len(b) == 2 and all(x.updated for x in (a, *b))
+        assert a.advantages.zero_signal.tolist() == [True, False, False]
+        for x in b:
+            assert x.self_certainty == pytest.approx(a.self_certainty, rel=1e-5, abs=1e-7)
+            torch.testing.assert_close(x.advantages.advantages, a.advantages.advantages, rtol=1e-5, atol=1e-7)
+            assert x.stats.num_tokens == a.stats.num_tokens == 20
+            assert x.stats.loss == pytest.approx(a.stats.loss, rel=1e-5, abs=1e-9)
+            assert x.stats.grad_norm == pytest.approx(a.stats.grad_norm, rel=1e-4)
+    finally:
+        one.shutdown()
+        two.shutdown()

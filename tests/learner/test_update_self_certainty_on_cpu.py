@@ -19,6 +19,7 @@ from shop_r1.algo.step_rewards import StepRewards, kept_rows, step_advantages
 from shop_r1.config import LearnerConfig, RewardConfig, RLConfig
 from shop_r1.learner.grpo_step import (
     grpo_update,
+    grpo_update_after_self_certainty,
     grpo_update_with_self_certainty,
     micro_batches,
     rationale_self_certainty,
@@ -129,6 +130,34 @@ def test_the_update_gives_todays_self_certainty_advantages_and_gradient(models, 
     for name, grad in expected.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-7, msg=name)
     assert max(float(g.abs().max()) for g in expected.values()) > 1e-4
+
+
+@pytest.mark.parametrize("shared_prompt, pack, rewards, adv_cfg", [(False, False, REWARDS, ADV),
+                                                                 (True, True, SPLIT, NO_TIES)])
+def test_learner_logits_in_one_call_is_todays_two_calls_to_the_bit(models, shared_prompt, pack, rewards, adv_cfg):
+    """reward.self_certainty.source=learner_logits in one learner call (grpo_update_after_self_certainty: the no-grad
+    s(r) forward of the whole batch, the advantages, the update of the kept rows) gives exactly what the driver's two
+    calls gave (`todays_path`): the same forwards on the same rows, so the same s(r), advantages, figures and
+    gradient, equal, not close."""
+    policy, reference, _ = models
+    batch = _batch()
+    cfg = LearnerConfig(max_tokens_per_micro_batch=40, shared_prompt=shared_prompt, pack_sequences=pack)
+    today, ours = TorchBackend(policy, cfg, reference), TorchBackend(policy, cfg, reference)
+    values, adv, stats = todays_path(today, batch, pack, rewards, adv_cfg)
+    out = grpo_update_after_self_certainty(ours, batch, LOSS, rewards, adv_cfg, action_only=False, rank=0,
+                                           world_size=1, step=1, pack=pack)
+    assert out.updated and out.self_certainty == values
+    assert torch.equal(out.advantages.advantages, adv.advantages)
+    assert out.advantages.zero_signal.tolist() == adv.zero_signal.tolist() and any(adv.zero_signal.tolist())
+    assert out.stats == stats
+    (got,), (expected,) = ours.grads, today.grads
+    assert got.keys() == expected.keys() and all(torch.equal(got[n], g) for n, g in expected.items())
+    # Teeth: every group dropped (all four rows tie) leaves nothing to train: no backward, `updated` False.
+    tied = StepRewards(((INVALID, INVALID), (INVALID, INVALID), (INVALID, INVALID)), target_types=(0, 0, 1))
+    idle = TorchBackend(policy, cfg, reference)
+    none = grpo_update_after_self_certainty(idle, batch, LOSS, tied, adv_cfg, action_only=False, rank=0,
+                                            world_size=1, step=1, pack=pack)
+    assert not none.updated and idle.grads == [] and none.stats.num_tokens == 0
 
 
 @pytest.mark.parametrize("shared_prompt, pack, scale", [(False, False, "batch"), (True, False, "decoupled"),
