@@ -33,7 +33,7 @@ from shop_r1.distributed.protocols import Engines, Learners, WeightSync
 from shop_r1.distributed.reward_pool import RewardPool
 from shop_r1.distributed.rollouts import RolloutStream, StepRollout, load_pending
 from shop_r1.distributed.sync_group import weight_sync_from_config
-from shop_r1.reward.functions import RewardFunction, RewardTerm, terms_of
+from shop_r1.reward.functions import RewardFunction, RewardTerm, reward_function_problems, terms_of
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.worker import ScoreFn, load_score_fn
 from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
@@ -209,7 +209,7 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
 
     score_fn = score_fn if score_fn is not None else load_score_fn(cfg.reward.fn)
     check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local,  # before any actor starts
-                 reward_funcs=reward_funcs)
+                 extra_problems=reward_function_problems(cfg.reward, prompts, reward_funcs))
     terms = terms_of(cfg.reward, reward_funcs)
     val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
     return with_restarts(lambda again: _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or again,

@@ -12,7 +12,7 @@ resumed run's config (shop_r1/run_config.py: check_resume).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from shop_r1.config import data, reward, weight_sync
 from shop_r1.config.core import Config, check_ranges
@@ -30,11 +30,11 @@ BUDGETS: dict[str, tuple[Literal["sft", "rl", "eval"], ...]] = {
 
 def validate(cfg: Config, stage: Stage, *, max_model_len: int | None = None, prompts: Sequence[Prompt] | None = None,
              val_prompts: Sequence[Prompt] | None = None, local: bool | None = None,
-             reward_funcs: Sequence[Any] = ()) -> None:
+             extra_problems: Sequence[str] = ()) -> None:
     """Raise one `ConfigError` listing every broken rule of `stage`'s run (see the module's docstring); `local`
     None: ray.local_mode. Cheap (no model, no Ray): a caller that learns more later (the pipeline, its model) may
-    call it again with it. `reward_funcs`: the reward functions given in code (run_grpo's), checked with
-    `reward.functions` (`reward_function_problems`)."""
+    call it again with it. `extra_problems`: what the caller found of the user's own code, in the same error (run_grpo:
+    the reward functions, shop_r1/reward/functions.py: reward_function_problems; the config never imports it)."""
     check_ranges(cfg)  # a Config built or edited in code gets the same checks as a loaded one
     problems = []
     if stage == "pipeline":
@@ -42,28 +42,13 @@ def validate(cfg: Config, stage: Stage, *, max_model_len: int | None = None, pro
     if stage in ("pipeline", "train"):
         problems += reward.grpo_problems(cfg)
         problems += weight_sync.grpo_problems(cfg, cfg.ray.local_mode if local is None else local)
-        problems += reward_function_problems(cfg, prompts or (), reward_funcs)
     if max_model_len is not None:
         problems += context_budget_problems(cfg, max_model_len, BUDGETS[stage])
     if prompts is not None:
         problems += prompt_problems(cfg, prompts, val_prompts)
+    problems += list(extra_problems)
     if problems:
         raise ConfigError("\n".join(problems))
-
-
-def reward_function_problems(cfg: Config, prompts: Sequence[Prompt], reward_funcs: Sequence[Any] = ()) -> list[str]:
-    """The plug-in reward functions (`reward.functions` + `reward_funcs`), each imported and called once on a probe
-    batch of the first prompts: one line per function that cannot be imported, is not callable, shares a metric name,
-    raises, or returns the wrong number of values (shop_r1/reward/functions.py). The user's code, run at the edge."""
-    if not cfg.reward.functions and not reward_funcs:
-        return []
-    from shop_r1.reward.functions import check_terms, terms_of
-
-    try:
-        terms = terms_of(cfg.reward, reward_funcs)
-    except ConfigError as e:
-        return [str(e)]
-    return check_terms(terms, prompts)
 
 
 def prompt_problems(cfg: Config, prompts: Sequence[Prompt], val_prompts: Sequence[Prompt] | None) -> list[str]:

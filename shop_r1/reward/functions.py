@@ -204,3 +204,18 @@ def check_terms(terms: Sequence[RewardTerm], prompts: Sequence[Prompt]) -> list[
             out.append(f"reward function {t.name!r} raised on a probe batch of {len(probe)} completions "
                        f"({type(e).__name__}: {e})")
     return out
+
+
+def reward_function_problems(cfg: RewardConfig, prompts: Sequence[Prompt],
+                             reward_funcs: Sequence[RewardFunction | RewardTerm] = ()) -> list[str]:
+    """The plug-in reward functions (`reward.functions` + `reward_funcs`), each imported and called once on a probe
+    batch of the first prompts: one line per function that cannot be imported, is not callable, shares a metric name,
+    raises, or returns the wrong number of values (`check_terms`). The user's code, run at the edge: run_grpo passes
+    these to the config's `validate` (which never imports this module)."""
+    if not cfg.functions and not reward_funcs:
+        return []
+    try:
+        terms = terms_of(cfg, reward_funcs)
+    except ConfigError as e:
+        return [str(e)]
+    return check_terms(terms, prompts)

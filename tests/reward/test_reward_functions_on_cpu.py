@@ -6,7 +6,14 @@ import torch
 
 from shop_r1.algo.step_rewards import StepRewards, step_advantages
 from shop_r1.config import ConfigError, load_config, validate
-from shop_r1.reward.functions import RewardFunctionError, RewardTerm, default_terms, term_metrics, terms_of
+from shop_r1.reward.functions import (
+    RewardFunctionError,
+    RewardTerm,
+    default_terms,
+    reward_function_problems,
+    term_metrics,
+    terms_of,
+)
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.worker import RewardWorker
 from shop_r1.types import Action, Prompt, ScoreRequest
@@ -130,6 +137,11 @@ def test_reward_functions_load_from_the_config_with_their_weights():
         load_config(None, ["reward.functions=[{fn: nocolon}]"])
 
 
+def _validate(cfg, prompts, funcs=()):
+    """run_grpo's check before any actor starts: the config's rules and the reward functions' in one error."""
+    validate(cfg, "train", prompts=prompts, extra_problems=reward_function_problems(cfg.reward, prompts, funcs))
+
+
 @pytest.mark.parametrize("spec, message", [
     ("shop_r1.not_a_module:f", "cannot load it (ModuleNotFoundError"),
     (f"{__name__}:missing", "cannot load it (AttributeError"),
@@ -142,17 +154,17 @@ def test_validate_refuses_a_broken_function_by_name_before_any_actor_starts(spec
     prompts = [Prompt("ex0", (1,), CLICK), Prompt("ex1", (1,), Action("terminate"))]
     if message is None:  # the probe answers are the targets rendered as answers: this one raises on terminate
         with pytest.raises(ConfigError, match="'raises_on_stop' raised on a probe batch of 2 completions"):
-            validate(cfg, "train", prompts=prompts)
+            _validate(cfg, prompts)
         return
     with pytest.raises(ConfigError) as err:
-        validate(cfg, "train", prompts=prompts)
+        _validate(cfg, prompts)
     assert message in str(err.value) and spec.split(":")[1] in str(err.value)
 
 
 def test_functions_given_in_code_are_checked_too_and_names_must_not_clash():
     cfg = load_config(None, [])
     with pytest.raises(ConfigError, match="'one_too_few' returned"):
-        validate(cfg, "train", prompts=[Prompt("ex0", (1,), CLICK)] * 2, reward_funcs=[one_too_few])
+        _validate(cfg, [Prompt("ex0", (1,), CLICK)] * 2, [one_too_few])
     with pytest.raises(ConfigError, match=r"reward functions \['echo_ids'\]: each needs its own metric name"):
         terms_of(cfg.reward, [echo_ids, echo_ids])
-    validate(cfg, "train", prompts=[Prompt("ex0", (1,), CLICK)], reward_funcs=[short_answer, echo_ids])
+    _validate(cfg, [Prompt("ex0", (1,), CLICK)], [short_answer, echo_ids])
