@@ -20,6 +20,7 @@ loss of the global batch (rl.loss) however it was split. The backend's backward 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -333,7 +334,9 @@ def contiguous_share(n: int, rank: int, world_size: int) -> range:
 
 def grpo_update_after_self_certainty(backend: TrainingRank, batch: GRPOBatch, cfg: LossConfig, rewards: StepRewards,
                                      adv_cfg: AdvantageConfig, action_only: bool, rank: int, world_size: int,
-                                     step: int, pack: bool = False) -> UpdateWithSelfCertainty:
+                                     step: int, pack: bool = False,
+                                     update: Callable[[GRPOBatch], GRPOStepStats] | None = None
+                                     ) -> UpdateWithSelfCertainty:
     """reward.self_certainty.source=learner_logits in one learner call: `batch` is the step's *whole* batch (every
     group, advantages not yet known), on every rank. Each rank
       1. takes s(r) of its contiguous share of the rows (`rationale_self_certainty`: no-grad, temperature 1),
@@ -341,8 +344,9 @@ def grpo_update_after_self_certainty(backend: TrainingRank, batch: GRPOBatch, cf
       3. re-forms the totals and computes the advantages (`totals_and_advantages`, the driver's function),
       4. selects the rows to train (`update_rows`) and runs `grpo_update` on its contiguous share of them:
     the same forwards, micro-batches and numbers as the driver's two calls (s(r), then the update of the kept batch),
-    in one. Nothing is trained when no row is left or a reward or advantage is NaN/inf (`stats.nonfinite`): every
-    rank sees the same numbers and skips alike, `updated` False."""
+    in one. `update`: what trains the share (the learner rank passes its own `grpo_step`, so the update is the one
+    every source runs; default `grpo_update` at `step`). Nothing is trained when no row is left or a reward or
+    advantage is NaN/inf (`stats.nonfinite`): every rank sees the same numbers and skips alike, `updated` False."""
     direction = adv_cfg.reward.self_certainty.direction
     normalize = adv_cfg.reward.self_certainty.normalize_by_vocab
     world = world_size
@@ -360,5 +364,5 @@ def grpo_update_after_self_certainty(backend: TrainingRank, batch: GRPOBatch, cf
                                 step=step, nonfinite=cause)
         return UpdateWithSelfCertainty(skipped, values, owned.advantages, updated=False)
     share = trained if world == 1 else trained.select(contiguous_share(trained.num_responses, rank, world))
-    stats = grpo_update(backend, share, cfg, step=step, pack=pack)
+    stats = update(share) if update is not None else grpo_update(backend, share, cfg, step=step, pack=pack)
     return UpdateWithSelfCertainty(stats, values, owned.advantages, updated=True)

@@ -110,10 +110,10 @@ class LearnerRank:
         (no-grad), every response's summed over ranks, the advantages, then the update of the kept rows' share
         (shop_r1/learner/grpo_step.py: the driver's two calls' numbers, in one)."""
         out = grpo_update_after_self_certainty(self, batch, loss_cfg, rewards, adv_cfg, action_only, self.rank,
-                                               self.world_size, step=self.step + 1, pack=self.cfg.pack_sequences)
-        if not out.updated:
+                                               self.world_size, step=self.step + 1, pack=self.cfg.pack_sequences,
+                                               update=lambda share: self.grpo_step(share, loss_cfg))
+        if not out.updated:  # (an update that ran counted its step in grpo_step)
             self.backend.release_gathered()
-        self.step += int(out.updated)
         return out
 
     def rationale_self_certainty(self, batch: GRPOBatch, direction: Literal["p_to_u", "u_to_p"],
