@@ -143,17 +143,24 @@ def default_terms(cfg: RewardConfig) -> tuple[RewardTerm, ...]:
 # ------------------------------------------------------------------------------------------- loading and checking
 def load_reward_function(spec: str, key: str = "reward.functions") -> RewardFunction:
     """"package.module:function" -> the function; a ConfigError naming it when it cannot be imported or called."""
-    from importlib import import_module
-
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise ConfigError(f"{key}: fn={spec!r}: expected 'package.module:function'")
+    return import_callable(spec, f"{key}: fn={spec!r}")
+
+
+def import_callable(spec: str, label: str) -> Callable[..., Any]:
+    """The callable a well-formed "package.module:function" names (reward.functions' and reward.fn's loader); a
+    ConfigError starting with `label` when it cannot be imported or is not callable."""
+    from importlib import import_module
+
+    module_name, _, name = spec.partition(":")
     try:
         fn = getattr(import_module(module_name), name)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{key}: fn={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"{label}: cannot load it ({type(e).__name__}: {e})") from None
     if not callable(fn):
-        raise ConfigError(f"{key}: fn={spec!r}: {type(fn).__name__} is not callable")
+        raise ConfigError(f"{label}: {type(fn).__name__} is not callable")
     return fn
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from shop_r1.config import RewardConfig
 from shop_r1.reward.format import parse_response
-from shop_r1.reward.functions import RewardFunctionError, RewardTerm, call_term, with_terms
+from shop_r1.reward.functions import RewardFunctionError, RewardTerm, call_term, import_callable, with_terms
 from shop_r1.reward.scorer import score_response
 from shop_r1.reward.self_certainty import check_reward_config
 from shop_r1.types import Action, RewardBreakdown, ScoreRequest, TokenLogprobs
@@ -95,19 +95,10 @@ def load_score_fn(spec: str) -> ScoreFn:
     """`reward.fn` ("package.module:function") -> the function; empty -> the Shop-R1 hybrid reward."""
     if not spec:
         return score_response
-    from importlib import import_module
-
     from shop_r1.config import ConfigError
     from shop_r1.config.reward import fn_spec_problems
 
     malformed = fn_spec_problems(spec)  # its form is the config's rule (load_config refuses it too)
     if malformed:
         raise ConfigError(malformed[0])
-    module_name, _, name = spec.partition(":")
-    try:
-        fn = getattr(import_module(module_name), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"reward.fn={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
-    if not callable(fn):
-        raise ConfigError(f"reward.fn={spec!r}: {type(fn).__name__} is not callable")
-    return fn
+    return import_callable(spec, f"reward.fn={spec!r}")
