@@ -289,7 +289,7 @@ def cmd_pipeline(args: argparse.Namespace) -> None:
     cfg = _config(args)
     if args.dry_run:
         return _dry_run(args, cfg, "pipeline", cfg.model.path or None)
-    run_pipeline(cfg)
+    run_pipeline(cfg, until=args.until)
 
 
 def _require_examples(path: Path, kind: str) -> None:
@@ -339,9 +339,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "of RUN_DIR/logs/ (also SHOP_R1_VERBOSE=1), and show the traceback behind an error")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    from shop_r1.pipeline import UNTIL_STAGES
+
     p = sub.add_parser("pipeline", help="the main job: data -> zero-shot eval -> SFT -> eval -> GRPO -> eval")
     _add_config_args(p, dry_run=True)
     _add_plan_args(p)
+    p.add_argument("--until", choices=list(UNTIL_STAGES), default=None,
+                   help="stop after this stage (the table needs every stage); the same command without --until "
+                        "later continues from there")
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("report", help="a run folder's metrics -> Markdown summary + PNG plots (RUN_DIR/report)")

@@ -50,13 +50,20 @@ def _stage(name: str, cfg: Config) -> Iterator[None]:
     mirror_or_warn(cfg.run_dir, cfg.storage_uri)
 
 
+# The stages `until` may name (`shop-r1 pipeline --until NAME`), in the order they run.
+UNTIL_STAGES = {"examples": "examples", "sft": "SFT", "sft-eval": "SFT eval", "grpo": "GRPO (Shop-R1)"}
+
+
 @dataclass(frozen=True)
 class PipelineResult:
+    """What a pipeline run made. A run stopped early by `until` has `stopped_after` set, and None for what it did not
+    make (the GRPO model; the table, which needs every evaluation)."""
     run_dir: str
     model_dir: str
-    sft_model_dir: str
-    shop_r1_model_dir: str
-    table: str
+    sft_model_dir: str | None
+    shop_r1_model_dir: str | None
+    table: str | None
+    stopped_after: str | None = None
 
 
 def prepare_model(cfg: Config, run: Path | None = None) -> Path:
@@ -169,7 +176,9 @@ def _pad_id(model_dir: str) -> int:
     return AutoTokenizer.from_pretrained(model_dir).pad_token_id or 0
 
 
-def run_pipeline(cfg: Config) -> PipelineResult:
+def run_pipeline(cfg: Config, until: str | None = None) -> PipelineResult:
+    """data -> zero-shot eval -> SFT -> eval -> GRPO -> eval -> the table. `until` (a key of UNTIL_STAGES) stops after
+    that stage; the same call without it later continues from there (the ledger skips what is done)."""
     from shop_r1.comparison import format_comparison
     from shop_r1.distributed.runtime import start_ray
     from shop_r1.evaluate import comparison_rows, evaluate, headroom_table, load_report
@@ -180,6 +189,8 @@ def run_pipeline(cfg: Config) -> PipelineResult:
 
     # Every rule the config, the stage and the sessions source decide, before the run folder, the model or Ray (a
     # config meant for real data stops here); the model's context is checked once the model is there.
+    if until is not None and until not in UNTIL_STAGES:
+        raise ConfigError(f"--until {until!r}: not a stage; one of {', '.join(UNTIL_STAGES)}")
     check_config(cfg, "pipeline")
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -207,6 +218,8 @@ def run_pipeline(cfg: Config) -> PipelineResult:
         built = StageData(**ledger.run("examples", k_examples, lambda resume: _build_examples(cfg, sessions_path,
                                                                                               run, model_dir)))
         print(built.summary)
+    if until == "examples":
+        return _stopped(run, model_dir, None, "examples")
 
     eval_path = built.rl_test_path
     if cfg.eval.split == "val":
@@ -234,6 +247,7 @@ def run_pipeline(cfg: Config) -> PipelineResult:
             Path(evaluate(cfg, model, eval_path, run / "eval" / folder, label, local).metrics_path).parent)})
         reports.append(load_report(out["dir"]))
 
+    sft = None
     try:
         if cfg.eval.zero_shot:
             with _stage("zero-shot eval", cfg):
@@ -245,8 +259,12 @@ def run_pipeline(cfg: Config) -> PipelineResult:
             sft = ledger.run("SFT", k_sft, lambda resume: _sft_outputs(run_sft(
                 cfg, str(model_dir), built.sft_train_path, run / "sft", local, resume=resume)))
             print(f"  loss {sft['first_loss']:.4f} -> {sft['last_loss']:.4f} over {sft['num_steps']} steps")
+        if until == "sft":
+            return _stopped(run, model_dir, sft["hf_dir"], "sft")
         with _stage("SFT eval", cfg):
             evaluated("SFT eval", k_sft, sft["hf_dir"], "sft", "SFT")
+        if until == "sft-eval":
+            return _stopped(run, model_dir, sft["hf_dir"], "sft-eval")
         with _stage("GRPO (Shop-R1)", cfg):
             k_grpo = stage_key("GRPO", _config_slice(cfg, "GRPO"), [k_sft])
             grpo = ledger.run("GRPO", k_grpo, lambda resume: _grpo_outputs(run_grpo(
@@ -254,6 +272,8 @@ def run_pipeline(cfg: Config) -> PipelineResult:
                 resume=resume, pad_id=_pad_id(sft["hf_dir"]), val_prompts=_val_prompts(cfg, sft["hf_dir"], built))))
             print(f"  mean reward {grpo['first_reward']:.3f} -> {grpo['last_reward']:.3f} over {grpo['num_steps']} "
                   "steps")
+        if until == "grpo":
+            return _stopped(run, model_dir, sft["hf_dir"], "grpo")
         with _stage("Shop-R1 eval", cfg):
             evaluated("Shop-R1 eval", k_grpo, grpo["hf_dir"], "shop_r1", "Shop-R1")
     finally:
@@ -279,6 +299,13 @@ def run_pipeline(cfg: Config) -> PipelineResult:
         print(f"mirrored {mirrored.num_files} files to {mirrored.uri}", flush=True)
     return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft["hf_dir"],
                           shop_r1_model_dir=grpo["hf_dir"], table=table)
+
+
+def _stopped(run: Path, model_dir: Path, sft_model_dir: str | None, until: str) -> PipelineResult:
+    print(f"stopped after {UNTIL_STAGES[until]} (--until {until}); the same command without --until continues from "
+          "here (finished stages are skipped)", flush=True)
+    return PipelineResult(run_dir=str(run), model_dir=str(model_dir), sft_model_dir=sft_model_dir,
+                          shop_r1_model_dir=None, table=None, stopped_after=until)
 
 
 def _build_examples(cfg: Config, sessions_path: str, run: Path, model_dir: Path) -> dict:
