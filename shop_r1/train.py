@@ -40,7 +40,7 @@ from shop_r1.rollout.metrics import rollout_metrics, validation_metrics
 from shop_r1.rollout.records import PolicyVersionMismatch, check_policy_versions, rollout_records
 from shop_r1.storage import mirror_or_warn
 from shop_r1.tracking import Tracker
-from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration
+from shop_r1.types import GRPOStepStats, Prompt, RewardBreakdown, SamplingSpec, ScoredGeneration, step_sampling_seed
 
 PENDING_ROLLOUT = "pending_rollout.json"
 SKIPPED = GRPOStepStats(loss=0.0, kl=0.0, clip_fraction=0.0, ratio_mean=1.0, grad_norm=0.0, num_tokens=0, step=0)
@@ -290,9 +290,10 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
         if getattr(first, "load_path", ""):
             print(f"  weight sync: engines load {first.load_path} (rollout.weight_load={cfg.rollout.weight_load})",
                   flush=True)
-        # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have.
+        # A per-step sampling seed makes a resumed run draw the samples the uninterrupted run would have; strided by the
+        # group size so that no two steps share a sample's random stream (step_sampling_seed).
         source = RolloutStream(engines, pool, sampler, prompts, lambda t: SamplingSpec(
-            n=group_size, temperature=cfg.rollout.temperature, seed=cfg.seed * 100_003 + t,
+            n=group_size, temperature=cfg.rollout.temperature, seed=step_sampling_seed(cfg.seed, t, group_size),
             max_new_tokens=cfg.rollout.max_new_tokens, top_k_logprobs=cfg.rollout.top_k_logprobs),
             cfg.rl.async_level, cfg.rl.steps, local, version=step, pending=pending)
         tracker = Tracker(cfg.run_dir, cfg.logging, "grpo", config_to_dict(cfg), total_steps=cfg.rl.steps,

@@ -221,6 +221,17 @@ class SamplingSpec:
     seed: int | None = None
 
 
+def step_sampling_seed(run_seed: int, step: int, n: int) -> int:
+    """The sampling seed of GRPO step `step`'s requests. vLLM gives a request's i-th of n samples the seed `seed + i`
+    (v1/engine/parallel_sampling.py), so consecutive steps seeded `base + step` shared n - 1 of their n random streams:
+    with a slowly moving policy a prompt redrew nearly the same samples for n steps running, and explored one new
+    stream a step, not n. Strided by n, no two steps of a run (nor two run seeds below 2**31, for 2**32 // n steps)
+    share one. Any int run seed (a negative one is taken modulo 2**31); the result is below 2**63."""
+    if step < 0 or n < 1:
+        raise ValueError(f"step_sampling_seed needs step >= 0 and n >= 1 (got {step}, {n})")
+    return (run_seed % 2**31) * 2**32 + step * n
+
+
 @dataclass(frozen=True)
 class Completion:
     """One sampled response and the engine's view of it, token by token.
