@@ -247,7 +247,6 @@ def run_pipeline(cfg: Config, until: str | None = None) -> PipelineResult:
             Path(evaluate(cfg, model, eval_path, run / "eval" / folder, label, local).metrics_path).parent)})
         reports.append(load_report(out["dir"]))
 
-    sft = None
     try:
         if cfg.eval.zero_shot:
             with _stage("zero-shot eval", cfg):

@@ -21,14 +21,6 @@ def test_hand_computed_values_and_run_seeds_apart():
     assert 0 <= step_sampling_seed(-1, 10**6, 64) < 2**63  # any int seed; within torch's generator range
 
 
-def test_the_old_scheme_shared_seven_of_eight_streams():
-    # The rule this replaces, for the record of why: base + step, children base + step + i.
-    old = [{100_003 + t + i for i in range(8)} for t in range(2)]
-    assert len(old[0] & old[1]) == 7
-    new = [{step_sampling_seed(1, t, 8) + i for i in range(8)} for t in range(2)]
-    assert not new[0] & new[1]
-
-
 def test_a_bad_step_or_group_size_is_refused():
     with pytest.raises(ValueError, match="step >= 0 and n >= 1"):
         step_sampling_seed(0, -1, 8)
