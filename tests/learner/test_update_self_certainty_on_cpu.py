@@ -275,11 +275,13 @@ def test_the_learner_updates_the_weights_as_today(models, tiny_model_dir, backen
     assert out.stats.loss == pytest.approx(stats.loss, rel=1e-5, abs=1e-9)
     assert out.stats.grad_norm == pytest.approx(stats.grad_norm, rel=1e-5)
     # Adam's first step moves a weight by lr * g / (|g| + 1e-8): where |g| ~ 1e-8 the summation order of the two
-    # splits (the selected rows, or every row with the dropped ones masked) shows, up to ~1% of lr (1.1e-5 measured
-    # on ZeRO-2). A lost micro-batch, a trained dropped group or another advantage flips signs: 2 x lr = 2e-3.
+    # splits (the selected rows, or every row with the dropped ones masked) shows, amplified by up to lr / 1e-8 per
+    # unit of g's rounding: a rounding of ~1e-9 in g is up to 10% of lr (1.1e-5 measured on ZeRO-2 on a Xeon, 2.3e-5
+    # on an AVX-512 EPYC). A lost micro-batch, a trained dropped group or another advantage flips signs: 2 x lr = 2e-3,
+    # 20 times this bound.
     moved = max(float((expected[n] - before[n]).abs().max()) for n in before)
     diff = max(float((got[n] - expected[n]).abs().max()) for n in expected)
-    assert moved > 9e-4 and diff < 2e-5, (moved, diff)
+    assert moved > 9e-4 and diff < 1e-4, (moved, diff)
 
 
 class _Exchange:
