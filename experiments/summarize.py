@@ -231,6 +231,17 @@ def _paper(rows: list, workspace: str) -> dict[str, str]:
     return out
 
 
+def headroom_lines(ws: Path, rows: Sequence[Row]) -> list[str]:
+    """The headroom (pass@1, the samples' exact, pass@k, per target type: shop_r1/headroom.py) of the rows whose
+    evaluation drew samples (`eval.headroom_examples` > 0 wrote eval/<row>/headroom.json), as a code block with its
+    note where pass@k is close to pass@1; no lines when no row has one (an evaluation made before it existed)."""
+    from shop_r1.headroom import Headroom, format_headroom
+
+    found = [(r.label, Headroom.from_dict(json.loads(path.read_text()))) for r in rows
+             if (path := ws / "eval" / r.name / "headroom.json").exists()]
+    return ["```", format_headroom(found), "```", ""] if found else []
+
+
 def _table(rows: list, c: Comparison | None, workspace: str) -> list[str]:
     """The comparison (models, then baselines) as Markdown, the paper beside it; rows not evaluated yet listed."""
     paper = _paper(rows, workspace)
@@ -267,7 +278,7 @@ def summarize(suite_name: str, suite: Suite, ws: Path, results_root: Path) -> Pa
           f"Held-out: {test.get('num_examples', '?')} RL examples of unseen sessions "
           f"({stats.get('num_rl_test_over_budget', '?')} dropped for length); greedy decoding. Baselines (in italics) "
           f"are fitted on the workspace's training split and scored on the same held-out examples.", "",
-          *_table(rows, c, suite.workspace), "",
+          *_table(rows, c, suite.workspace), "", *headroom_lines(ws, rows),
           f"Per-example predictions behind every row: `predictions/` ({', '.join(written) or 'none'}).", "",
           "Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]
     md += [f"![{p}]({p})" for p in plots]
@@ -641,6 +652,7 @@ def summarize_seeds(suite_name: str, suite: Suite, workspaces: Mapping[int, Path
         rec = per_seed[k]
         cont = rec["sft_continued"]
         md += [f"## Seed {k}", "", *comparison_markdown(c, _paper(rows, "")), "",
+               *(headroom_lines(workspaces[k], rows) if k in workspaces else []),
                *([f"SFT continued: {cont['steps']} more SFT steps = floor({cont['plan']['rl_seconds']:.0f} s of "
                   f"Shop-R1 GRPO / {cont['plan']['seconds_per_step']:.2f} s per SFT step).", ""] if cont else []),
                "Stage times (s): " + ", ".join(f"{n} {v:.0f}" for n, v in rec["stage_seconds"].items()), ""]

@@ -355,6 +355,29 @@ def test_summarize_seeds_mean_sd_paired_predictions_and_plots(tmp_path, monkeypa
     assert everything is not None and everything.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_tables_print_the_headroom_of_the_rows_that_drew_samples(tmp_path, monkeypatch):
+    """Seed 0's SFT and Shop-R1 evaluations drew samples (headroom.json), seed 1's did not: seed 0's section has
+    the headroom block (pass@1, sample exact, pass@k per target type, the "little to sharpen" note where pass@k is
+    within 5 points of pass@1), seed 1's has none; the single-workspace table reads the same files."""
+    from shop_r1.headroom import Headroom, HeadroomRow
+
+    monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
+    wss = _seed_workspaces(tmp_path)
+    row = {"click": HeadroomRow(2, 0.5, 0.25, 1.0), "terminate": HeadroomRow(2, 0.5, 0.5, 0.5)}
+    for name, at_k in (("sft", 1.0), ("shop_r1", 0.52)):
+        h = Headroom(8, 0.6, HeadroomRow(4, 0.5, 0.375, at_k), row)
+        (wss[0] / "eval" / name / "headroom.json").write_text(json.dumps(h.to_dict()))
+    table = (summarize.summarize_seeds("v2_table2", SUITE, wss, tmp_path / "results") / "table.md").read_text()
+    seed0, seed1 = table.split("## Seed 0")[1].split("## Seed 1")
+    assert "pass@8 %" in seed0 and "pass@8 %" not in seed1
+    block = seed0.split("```")[1].splitlines()
+    sft = next(ln.split() for ln in block if ln.startswith("SFT ") and "Shop-R1" not in ln)
+    assert sft[1:5] == ["4", "50.0", "37.5", "100.0"]  # n, pass@1, sample exact, pass@8
+    assert "sharpen" in seed0  # Shop-R1's pass@8 (52 %) is within 5 points of its pass@1 (50 %)
+    assert summarize.headroom_lines(wss[1], SUITE.rows) == []
+    assert summarize.headroom_lines(wss[0], SUITE.rows)[0] == "```"
+
+
 def test_fig2_over_seeds_plots_the_temperatures(tmp_path, monkeypatch):
     monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
     wss = _seed_workspaces(tmp_path)
