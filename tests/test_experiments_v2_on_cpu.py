@@ -358,7 +358,7 @@ def test_summarize_seeds_mean_sd_paired_predictions_and_plots(tmp_path, monkeypa
 def test_tables_print_the_headroom_of_the_rows_that_drew_samples(tmp_path, monkeypatch):
     """Seed 0's SFT and Shop-R1 evaluations drew samples (headroom.json), seed 1's did not: seed 0's section has
     the headroom block (pass@1, sample exact, pass@k per target type, the "little to sharpen" note where pass@k is
-    within 5 points of pass@1), seed 1's has none; the single-workspace table reads the same files."""
+    within 5 points of pass@1), seed 1's has none; `headroom_lines` is also what the single-workspace table calls."""
     from shop_r1.headroom import Headroom, HeadroomRow
 
     monkeypatch.setattr(summarize, "_machine_name", lambda: "box")
