@@ -1,0 +1,310 @@
+"""Compute-matched curves (issue 47, section 1): validation exact against training cost for SFT continued and for
+GRPO from the same SFT checkpoint, resumable chunk by chunk so a curve is spread over sessions.
+
+    source scripts/env.sh
+    .venv/bin/python -m experiments.curves --root runs/curves0 --sft-model DIR [--sft-steps N --sft-seconds S] \
+        sft --cycles 14 [--cycle-steps 136]
+    .venv/bin/python -m experiments.curves --root runs/curves0 --sft-model DIR grpo --chunks 20 [--chunk-steps 100] \
+        [--from sft|sft+K] [--name NAME]
+    .venv/bin/python -m experiments.curves --root runs/curves0 --sft-model DIR table [--out FILE.json]
+    (trailing dotted overrides go to the main job's config, configs/demo_cpu.yaml, for every stage)
+
+The workspace (`--root`) holds the data (built from the config's seeds, as the pipeline's examples stage does) and
+the starting SFT model (`--sft-model`, copied in; its step count and stage seconds are the SFT row's cost). Then:
+
+    sft   root/sft_more/cycle_K/hf      K SFT cycles after the starting model, each `--cycle-steps` optimizer steps
+                                        from the previous cycle's weights with a fresh optimizer, the SFT stage's lr,
+                                        warmup ratio and schedule (cosine: warm restarts), exactly the "SFT
+                                        continued" row's mechanics (experiments/run.py) repeated; a killed cycle
+                                        resumes from its last checkpoint.
+    grpo  root/grpo_NAME/chunk_K/hf     GRPO from `--from` (the starting SFT or an SFT cycle's model), the main job's
+                                        settings, stopped every `--chunk-steps` steps: chunk K is one run resumed from
+                                        chunk K-1's checkpoint with rl.steps = K x chunk-steps (the rl LR is constant,
+                                        so the chunks are one run).
+    each point's greedy evaluation on the whole validation split: root/points/NAME/metrics.json (`shop-r1 eval`'s
+    scorer, session-resampled intervals in its summary)
+
+Cost per point: optimizer steps, learner tokens (SFT: loss tokens; GRPO: the sampled response tokens the
+update trains on) and the stage's wall seconds as measured (stage_seconds.json). Wall seconds taken while other work
+shares the machine are not comparable, so the table also gives clean seconds: steps x the seconds per step of each
+stage in a run with nothing beside it (--sft-seconds/--sft-steps for SFT; --grpo-seconds-per-step for GRPO, default
+the main job's on the same machine kind). Every stage is skipped when its output is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from experiments.same_config import config_changes, with_overrides  # noqa: E402
+from shop_r1.atomic import write_atomic  # noqa: E402
+from shop_r1.config import load_config, save_config  # noqa: E402
+from shop_r1.tracking import read_metrics  # noqa: E402
+
+DEFAULT_CONFIG = ROOT / "configs" / "demo_cpu.yaml"
+
+
+def _mark(path: Path, info: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(info, indent=2))
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+class Curves:
+    """One workspace: the data, the starting SFT model, the SFT cycles, the GRPO chunks and their evaluations."""
+
+    def __init__(self, root: Path, config: Path, overrides: list[str], sft_model: Path, sft_steps: int,
+                 sft_seconds: float) -> None:
+        self.root = root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        cfg = with_overrides(load_config(config, overrides), [f"run_dir={self.root}", "logging.wandb=false"])
+        saved = self.root / "config.yaml"
+        if saved.exists():
+            changes = config_changes(load_config(saved), cfg)
+            if changes:
+                raise SystemExit(f"{self.root} was made with another config ({'; '.join(changes)})")
+        else:
+            save_config(cfg, saved)
+        self.cfg = cfg
+        self.start = self.root / "sft" / "hf"
+        if not (self.start / "done.json").exists():
+            shutil.copytree(sft_model, self.start, dirs_exist_ok=True)
+            _mark(self.start / "done.json", {"steps": sft_steps, "seconds": sft_seconds, "copied_from": str(sft_model)})
+
+    def data(self) -> dict[str, str]:
+        from experiments.run import Workspace
+
+        return Workspace(self.cfg, self.root).data()
+
+    def point(self, name: str, model: str, local: bool) -> dict:
+        """Greedy exact of `model` on the whole validation split (cached)."""
+        from shop_r1.evaluate import evaluate
+
+        out = self.root / "points" / name
+        if not (out / "metrics.json").exists():
+            t = time.perf_counter()
+            evaluate(self.cfg, model, self.data()["rl_val"], out, name, local)
+            print(f"<== point {name}: {time.perf_counter() - t:.0f} s", flush=True)
+        return _load(out / "metrics.json")
+
+    def cycle_model(self, k: int) -> Path:
+        return self.start if k == 0 else self.root / "sft_more" / f"cycle_{k}" / "hf"
+
+    def sft_cycles(self, cycles: int, cycle_steps: int, local: bool) -> None:
+        from shop_r1.sft import run_sft
+
+        self.point("sft", str(self.start), local)
+        for k in range(1, cycles + 1):
+            out = self.root / "sft_more" / f"cycle_{k}"
+            if not (out / "hf" / "done.json").exists():
+                t = time.perf_counter()
+                cfg = with_overrides(self.cfg, [f"run_dir={out}", f"sft.max_steps={cycle_steps}"])
+                save_config(cfg, out / "config.yaml")
+                result = run_sft(cfg, str(self.cycle_model(k - 1)), self.data()["sft_train"], out, local,
+                                 resume=(out / "checkpoints").exists())
+                _mark(out / "hf" / "done.json", {"steps": result.num_steps, "last_loss": result.last_loss,
+                                                 "seconds": round(time.perf_counter() - t, 1),
+                                                 "loss_tokens": _sft_tokens(out)})
+            self.point(f"sft+{k}", str(out / "hf"), local)
+
+    def grpo_chunks(self, name: str, start: Path, chunks: int, chunk_steps: int, local: bool) -> None:
+        from shop_r1.pipeline import _pad_id, _rl_prompts
+        from shop_r1.train import run_grpo
+
+        base = self.root / f"grpo_{name}"
+        if not (base / "start.json").exists():
+            _mark(base / "start.json", {"start": str(start)})
+        if _load(base / "start.json")["start"] != str(start):
+            raise SystemExit(f"{base} starts from {_load(base / 'start.json')['start']}, not {start}")
+        self.point(f"grpo_{name}_0", str(start), local)
+        prompts = None
+        for k in range(1, chunks + 1):
+            out = base / f"chunk_{k}"
+            if not (out / "done.json").exists():
+                prompts = prompts or _rl_prompts(self.cfg, str(start), self.data()["rl_train"])
+                t = time.perf_counter()
+                cfg = with_overrides(self.cfg, [f"run_dir={base}", f"rl.steps={k * chunk_steps}", "rl.val_every=0"])
+                save_config(cfg, out / "config.yaml")
+                result = run_grpo(cfg, str(start), prompts, base / "grpo", local, resume=True,
+                                  pad_id=_pad_id(str(start)))
+                shutil.copytree(base / "grpo" / "hf", out / "hf", dirs_exist_ok=True)
+                _mark(out / "done.json", {"steps": result.num_steps, "seconds": round(time.perf_counter() - t, 1),
+                                          "learner_tokens": _grpo_tokens(base, k * chunk_steps,
+                                                                                cfg.rl.global_batch_size)})
+            self.point(f"grpo_{name}_{k}", str(out / "hf"), local)
+
+
+def _sft_tokens(run_dir: Path) -> int:
+    """Loss tokens over an SFT run's logged steps (a step logged twice after a restart counts once)."""
+    by_step = {r["step"]: r.get("sft/loss_tokens", 0) for r in read_metrics(run_dir / "metrics_sft.jsonl")}
+    return int(sum(by_step.values()))
+
+
+def _grpo_tokens(run_dir: Path, upto: int, batch: int) -> int:
+    """Response tokens sampled over GRPO's logged steps up to `upto` (mean length x the step's batch; each step
+    counted once): what the learner trains on besides the prompts."""
+    by_step = {r["step"]: r.get("rollout/response_tokens_mean", 0) * batch
+               for r in read_metrics(run_dir / "metrics_grpo.jsonl") if 0 < r["step"] <= upto}
+    return int(sum(by_step.values()))
+
+
+def table(root: Path, sft_seconds_per_step: float, grpo_seconds_per_step: float) -> dict:
+    """Every evaluated point with its cumulative cost from the starting SFT (which is at its own stage's cost)."""
+    root = root.resolve()
+    start = _load(root / "sft" / "hf" / "done.json")
+    exact = {p.name: _load(p / "metrics.json") for p in sorted((root / "points").glob("*"))
+             if (p / "metrics.json").exists()}
+
+    def row(name: str, kind: str, steps: int, wall: float, tokens: int, clean: float) -> dict:
+        m = exact[name]
+        return {"name": name, "kind": kind, "steps_after_sft": steps, "wall_s_after_sft": round(wall, 1),
+                "learner_tokens_after_sft": tokens, "clean_s_after_sft": round(clean, 1),
+                "exact": m.get("exact_match"), "kappa": m.get("type_kappa"),
+                "exact_non_terminate": m.get("exact_match_non_terminate"), "n": m.get("n")}
+
+    rows = []
+    if "sft" in exact:
+        rows.append(row("sft", "sft", 0, 0.0, 0, 0.0))
+    steps = wall = tokens = 0
+    for k in range(1, 10_000):
+        done = root / "sft_more" / f"cycle_{k}" / "hf" / "done.json"
+        if not done.exists() or f"sft+{k}" not in exact:
+            break
+        d = _load(done)
+        steps, wall, tokens = steps + d["steps"], wall + d["seconds"], tokens + d.get("loss_tokens", 0)
+        rows.append(row(f"sft+{k}", "sft_continued", steps, wall, tokens, steps * sft_seconds_per_step))
+    for base in sorted(root.glob("grpo_*")):
+        name = base.name[len("grpo_"):]
+        origin = Path(_load(base / "start.json")["start"])
+        origin = str(origin.relative_to(root)) if origin.is_relative_to(root) else str(origin)
+        if f"grpo_{name}_0" in exact:
+            rows.append(row(f"grpo_{name}_0", f"grpo_{name}", 0, 0.0, 0, 0.0) | {"from": origin})
+        wall = 0.0
+        for k in range(1, 10_000):
+            done = base / f"chunk_{k}" / "done.json"
+            if not done.exists() or f"grpo_{name}_{k}" not in exact:
+                break
+            d = _load(done)
+            wall += d["seconds"]
+            rows.append(row(f"grpo_{name}_{k}", f"grpo_{name}", d["steps"], wall, d.get("learner_tokens", 0),
+                            d["steps"] * grpo_seconds_per_step) | {"from": origin})
+    return {"start": start, "sft_seconds_per_step": sft_seconds_per_step,
+            "grpo_seconds_per_step": grpo_seconds_per_step, "rows": rows}
+
+
+def plateau_cycle(exact: list[float], window: int = 2, tol: float = 0.01) -> int | None:
+    """The first SFT cycle k (1-based, exact[0] the starting SFT) whose last `window` cycles add at most `tol` to
+    the best validation exact before them: SFT "flat over its last two epochs" (issue 47) with one-epoch cycles.
+    None while it still rises. `tol` is a point of exact; one evaluation's standard error here is ~2.3 points
+    (n = 447), so a single noisy point neither makes nor breaks a plateau only when window >= 2."""
+    for k in range(window, len(exact)):
+        if max(exact[k - window + 1:k + 1]) <= max(exact[:k - window + 1]) + tol:
+            return k
+    return None
+
+
+def plot(data: dict, out: Path) -> None:
+    """Validation exact against wall seconds after the starting SFT: SFT continued and every GRPO curve, with the
+    SFT stage itself to the left of 0 (its start is the from-scratch model, 0 % exact; only its end is evaluated)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    start = data["start"]
+    kinds: dict[str, list[dict]] = {}
+    for r in data["rows"]:
+        kinds.setdefault(r["kind"], []).append(r)
+    sft_rows = kinds.pop("sft", [])
+    if sft_rows:
+        ax.plot([-start["seconds"], 0], [0, 100 * sft_rows[0]["exact"]], ":", color="grey",
+                label=f"SFT stage ({start['steps']} steps; only its end evaluated)")
+    for kind, rows in sorted(kinds.items()):
+        if kind == "sft_continued" and sft_rows:
+            rows = sft_rows + rows
+        label = "SFT continued (1-epoch cosine cycles)" if kind == "sft_continued" else \
+            f"GRPO from {rows[0].get('from', '?').removesuffix('/hf')}"
+        ax.plot([r["wall_s_after_sft"] for r in rows], [100 * r["exact"] for r in rows], "o-", ms=3, label=label)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set_xlabel("wall seconds after the starting SFT (this machine, nothing else running)")
+    ax.set_ylabel("validation exact match (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", required=True, help="the workspace (resumable)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="the base config (default: the main job's)")
+    p.add_argument("--sft-model", required=True, help="the starting SFT model's folder (copied into the workspace)")
+    p.add_argument("--sft-steps", type=int, default=544, help="its SFT stage's optimizer steps")
+    p.add_argument("--sft-seconds", type=float, default=1074.2, help="its SFT stage's wall seconds, nothing beside it")
+    p.add_argument("--grpo-seconds-per-step", type=float, default=1.9,
+                   help="the main job's GRPO seconds per step on this machine kind, nothing beside it")
+    sub = p.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("sft", help="SFT cycles after the starting model, each evaluated on validation")
+    s.add_argument("--cycles", type=int, required=True)
+    s.add_argument("--cycle-steps", type=int, default=136, help="optimizer steps per cycle (default: one epoch)")
+    g = sub.add_parser("grpo", help="GRPO from a starting point, evaluated every chunk")
+    g.add_argument("--chunks", type=int, required=True)
+    g.add_argument("--chunk-steps", type=int, default=100)
+    g.add_argument("--from", dest="origin", default="sft", help="`sft` or `sft+K` (an SFT cycle's model)")
+    g.add_argument("--name", default=None, help="the curve's name (default: the --from value)")
+    t = sub.add_parser("table", help="the points with their costs, as JSON (and a figure with --plot)")
+    t.add_argument("--out", default=None)
+    t.add_argument("--plot", default=None, help="write the curves' figure (PNG) here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args, overrides = p.parse_known_args(argv)  # what is left: dotted config overrides for every stage
+    bad = [o for o in overrides if "=" not in o or o.startswith("-")]
+    if bad:
+        p.error(f"not a dotted config override (KEY=VALUE): {' '.join(bad)}")
+    curves = Curves(Path(args.root), Path(args.config), overrides, Path(args.sft_model), args.sft_steps,
+                    args.sft_seconds)
+    if args.what == "table":
+        out = table(curves.root, args.sft_seconds / args.sft_steps, args.grpo_seconds_per_step)
+        sft_curve = [r["exact"] for r in out["rows"] if r["kind"] in ("sft", "sft_continued")]
+        out["sft_plateau_cycle"] = plateau_cycle(sft_curve)
+        if args.plot:
+            plot(out, Path(args.plot))
+        text = json.dumps(out, indent=2)
+        if args.out:
+            write_atomic(Path(args.out), text)
+        print(text)
+        return 0
+    from shop_r1.distributed.runtime import start_ray
+
+    curves.data()
+    runtime = start_ray(curves.cfg.ray)
+    try:
+        if args.what == "sft":
+            curves.sft_cycles(args.cycles, args.cycle_steps, runtime.local_mode)
+        else:
+            k = 0 if args.origin == "sft" else int(args.origin.split("+", 1)[1])
+            curves.grpo_chunks(args.name or args.origin.replace("+", "_"), curves.cycle_model(k), args.chunks,
+                               args.chunk_steps, runtime.local_mode)
+    finally:
+        runtime.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""experiments/curves.py's pure parts on a hand-made workspace: the cost table (cumulative SFT cycles, GRPO chunks,
+their evaluations, a point not yet evaluated left out), the plateau rule and the figure. No model, no Ray."""
+
+import json
+
+import pytest
+
+from experiments.curves import _grpo_tokens, _sft_tokens, plateau_cycle, plot, table
+
+
+def _write(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def _point(root, name, exact, kappa=0.5):
+    _write(root / "points" / name / "metrics.json",
+           {"n": 100, "exact_match": exact, "type_kappa": kappa, "exact_match_non_terminate": exact - 0.1})
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    root = tmp_path / "ws"
+    _write(root / "sft" / "hf" / "done.json", {"steps": 500, "seconds": 1000.0})
+    _point(root, "sft", 0.40)
+    for k, (secs, tokens, exact) in enumerate([(100.0, 3000, 0.44), (110.0, 3100, 0.46), (90.0, 2900, 0.47)], 1):
+        _write(root / "sft_more" / f"cycle_{k}" / "hf" / "done.json",
+               {"steps": 136, "seconds": secs, "loss_tokens": tokens})
+        _point(root, f"sft+{k}", exact)
+    # cycle 4 trained but not evaluated yet: not a point
+    _write(root / "sft_more" / "cycle_4" / "hf" / "done.json", {"steps": 136, "seconds": 100.0})
+    _write(root / "grpo_sft" / "start.json", {"start": str(root / "sft" / "hf")})
+    _point(root, "grpo_sft_0", 0.40)
+    for k, (secs, exact) in enumerate([(200.0, 0.41), (210.0, 0.43)], 1):
+        _write(root / "grpo_sft" / f"chunk_{k}" / "done.json",
+               {"steps": 100 * k, "seconds": secs, "learner_tokens": 1000 * k})
+        _point(root, f"grpo_sft_{k}", exact)
+    return root
+
+
+def test_table_accumulates_each_curve_from_the_starting_sft(workspace):
+    out = table(workspace, sft_seconds_per_step=2.0, grpo_seconds_per_step=1.5)
+    rows = {r["name"]: r for r in out["rows"]}
+    assert list(rows) == ["sft", "sft+1", "sft+2", "sft+3", "grpo_sft_0", "grpo_sft_1", "grpo_sft_2"]
+    assert rows["sft"]["steps_after_sft"] == 0 and rows["sft"]["exact"] == 0.40
+    # SFT cycles add up: 3 x 136 steps, 100 + 110 + 90 s, 3000 + 3100 + 2900 tokens, clean = steps x 2 s
+    assert rows["sft+3"]["steps_after_sft"] == 408 and rows["sft+3"]["wall_s_after_sft"] == 300.0
+    assert rows["sft+3"]["learner_tokens_after_sft"] == 9000 and rows["sft+3"]["clean_s_after_sft"] == 816.0
+    # GRPO chunks are one resumed run: steps as recorded, seconds summed, tokens as recorded (cumulative already)
+    assert rows["grpo_sft_2"]["steps_after_sft"] == 200 and rows["grpo_sft_2"]["wall_s_after_sft"] == 410.0
+    assert rows["grpo_sft_2"]["learner_tokens_after_sft"] == 2000 and rows["grpo_sft_2"]["clean_s_after_sft"] == 300.0
+    assert rows["grpo_sft_1"]["from"] == "sft/hf" and rows["grpo_sft_1"]["kind"] == "grpo_sft"
+    assert rows["sft+2"]["exact_non_terminate"] == pytest.approx(0.36)
+    assert out["start"]["steps"] == 500
+
+
+def test_plateau_is_two_cycles_that_add_at_most_a_point_to_the_best_before():
+    assert plateau_cycle([0.40, 0.44, 0.46, 0.47]) is None           # still rising by > 1 point in the last two
+    assert plateau_cycle([0.40, 0.44, 0.46, 0.465, 0.455]) == 4      # 0.465, 0.455 <= 0.46 + 0.01
+    assert plateau_cycle([0.40, 0.50, 0.45, 0.47, 0.52]) == 3        # a dip, then no new best: flat at 3
+    assert plateau_cycle([0.40, 0.41]) is None                       # too short to say
+    assert plateau_cycle([0.40, 0.41, 0.40], window=1) == 1
+
+
+def test_token_counts_take_each_step_once(tmp_path):
+    lines = [{"step": 1, "sft/loss_tokens": 10.0}, {"step": 2, "sft/loss_tokens": 20.0},
+             {"step": 2, "sft/loss_tokens": 22.0}]  # step 2 logged again after a restart: the last counts
+    (tmp_path / "metrics_sft.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert _sft_tokens(tmp_path) == 32
+    grpo = [{"step": 0, "val/exact": 0.4}, {"step": 1, "rollout/response_tokens_mean": 50.0},
+            {"step": 2, "rollout/response_tokens_mean": 60.0}, {"step": 3, "rollout/response_tokens_mean": 70.0}]
+    (tmp_path / "metrics_grpo.jsonl").write_text("\n".join(json.dumps(x) for x in grpo) + "\n")
+    assert _grpo_tokens(tmp_path, upto=2, batch=32) == (50 + 60) * 32
+
+
+def test_plot_writes_a_png(workspace, tmp_path):
+    out = tmp_path / "curves.png"
+    plot(table(workspace, 2.0, 1.5), out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
