@@ -69,6 +69,16 @@ class DataConfig:
     sft_format: Literal["session", "step"] = "session"
     """SFT data: whole-session conversations with a loss on every assistant turn (the paper's), or one conversation
     per prediction step, built exactly like the RL prompts (same `context`), with the loss on its answer only."""
+    rationale_fraction: float = bounded(1.0, ge=0, le=1)
+    """Share of the *training* sessions that keep their recorded rationales, chosen by session with the run's seed;
+    the others' are dropped before any example is built, as in logs where only a few sessions were annotated
+    (Appendix D: a rationale costs an LLM call, an action is logged for free). SFT learns only from steps with a
+    rationale (`sft_missing_rationale`); RL's prompts and targets use every session (a history turn without a
+    rationale shows the action alone). Validation and test sessions keep theirs. 1: every session (the paper's)."""
+    sft_missing_rationale: Literal["skip", "action_only"] = "skip"
+    """SFT on a step (or, with `sft_format=session`, a session) with no rationale: `skip` it (counted in the build's
+    stats), or `action_only`: train on the action alone (`{"action": ...}`, no rationale), the supervised baseline
+    that uses every logged action."""
     balance: bool = True
     """Resample RL examples so click and type_and_submit each occur ~10% more often than terminate (section 4.1)."""
     balance_ratio: float = bounded(1.1, ge=1)

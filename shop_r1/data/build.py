@@ -20,6 +20,7 @@ from shop_r1.data.examples import (
     build_sft_examples,
     build_step_sft_examples,
     chat_token_counter,
+    drop_rationales,
     type_counts,
     write_examples_jsonl,
 )
@@ -55,13 +56,18 @@ class BuiltDatasets:
     def render(self) -> str:
         lines = [self.train_sessions.render("train sessions"), self.test_sessions.render("test sessions"),
                  f"SFT conversations (train): {self.num_sft_train}"
-                 + (f" ({self.num_sft_skipped} sessions without rationales left out)" if self.num_sft_skipped else ""),
+                 + (f" ({self.num_sft_skipped} without a rationale left out: data.sft_missing_rationale=skip)"
+                    if self.num_sft_skipped else ""),
                  f"RL train targets before balancing: {self.rl_train_before_balance}",
                  self.rl_train.render("RL examples (train)"),
                  self.rl_test.render("RL examples (test)"),
                  *([f"RL examples (validation, from {self.num_rl_val} of the training sessions' steps): "
                     f"{self.rl_val_path}"] if self.rl_val_path else []),
                  f"written to {self.out_dir}"]
+        if not self.num_sft_train:
+            lines.append("WARNING: 0 SFT conversations: no training step has a rationale (SFT needs one; RL does not): "
+                         "raise data.rationale_fraction, set data.sft_missing_rationale=action_only, or fill them with "
+                         "`shop-r1 data rationales`")
         if self.num_rl_over_budget:
             lines.append(f"left out {self.num_rl_over_budget} training RL examples whose current page alone exceeds "
                          "data.max_prompt_tokens")
@@ -90,6 +96,8 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
     if cfg.val_fraction > 0:  # carved from the training sessions only: the test split stays as it was
         carved = split_sessions(split.train, cfg.val_fraction, seed + 1)
         split, val_sessions = dataclasses.replace(split, train=carved.train), carved.test
+    if cfg.rationale_fraction < 1:  # as logs with few annotated sessions: training sessions only
+        split = dataclasses.replace(split, train=drop_rationales(split.train, cfg.rationale_fraction, seed + 2))
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
 
     rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens,
@@ -99,8 +107,9 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
                                       cfg.persona, cfg.instructions, cfg.persona_position)
     rl_val = build_rl_examples(val_sessions, cfg.context, test_budget, count_tokens, cfg.history_rationales,
                                cfg.persona, cfg.instructions, cfg.persona_position).examples
-    sft = build_sft_examples(split.train, cfg.persona, cfg.instructions, cfg.persona_position) \
-        if cfg.sft_format == "session" else build_step_sft_examples(rl_train_build.examples)
+    sft = build_sft_examples(split.train, cfg.persona, cfg.instructions, cfg.persona_position,
+                             cfg.sft_missing_rationale) \
+        if cfg.sft_format == "session" else build_step_sft_examples(rl_train_build.examples, cfg.sft_missing_rationale)
     sft_train = sft.examples
     rl_train = list(rl_train_build.examples)
     rl_unbalanced = type_counts(rl_train)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -61,11 +62,21 @@ def _persona_parts(session: Session, persona: bool, position: str) -> tuple[str 
     return (text, None) if position == "system" else (None, text)
 
 
+def drop_rationales(sessions: Sequence[Session], keep_fraction: float, seed: int) -> tuple[Session, ...]:
+    """`sessions` with the rationales of all but a seeded round(keep_fraction x n) of them removed (by session: a
+    session keeps all its rationales or none), in their order. `data.rationale_fraction`."""
+    if keep_fraction >= 1:
+        return tuple(sessions)
+    keep = set(random.Random(seed).sample(range(len(sessions)), round(keep_fraction * len(sessions))))
+    return tuple(s if i in keep else dataclasses.replace(
+        s, steps=tuple(dataclasses.replace(step, rationale=None) for step in s.steps)) for i, s in enumerate(sessions))
+
+
 def build_sft_examples(sessions: Sequence[Session], persona: bool = True, instructions: str = "full",
-                       persona_position: str = "system") -> SFTBuild:
+                       persona_position: str = "system", missing_rationale: str = "skip") -> SFTBuild:
     examples, skipped = [], []
     for s in sessions:
-        if any(step.rationale is None for step in s.steps):
+        if missing_rationale == "skip" and any(step.rationale is None for step in s.steps):
             skipped.append(s.session_id)
             continue
         in_system, after_page = _persona_parts(s, persona, persona_position)
@@ -77,12 +88,13 @@ def build_sft_examples(sessions: Sequence[Session], persona: bool = True, instru
     return SFTBuild(tuple(examples), tuple(skipped))
 
 
-def build_step_sft_examples(examples: Sequence[RLExample]) -> SFTBuild:
+def build_step_sft_examples(examples: Sequence[RLExample], missing_rationale: str = "skip") -> SFTBuild:
     """One SFT conversation per prediction step: the RL example's prompt (same context mode, same history) and the
-    recorded answer, loss on that answer only. SFT then sees exactly the prompts RL and evaluation see."""
+    recorded answer, loss on that answer only. SFT then sees exactly the prompts RL and evaluation see. A step with no
+    rationale is skipped (`missing_rationale="skip"`) or trained on its action alone (`"action_only"`)."""
     out, skipped = [], []
     for e in examples:
-        if e.target_rationale is None:
+        if e.target_rationale is None and missing_rationale == "skip":
             skipped.append(e.example_id)
             continue
         answer = Message("assistant", render_action(e.target, e.target_rationale))
