@@ -25,10 +25,10 @@ the starting SFT model (`--sft-model`, copied in; its step count and stage secon
     scorer, session-resampled intervals in its summary)
 
 Cost per point: optimizer steps, learner tokens (SFT: loss tokens; GRPO: the sampled response tokens the
-update trains on) and the stage's wall seconds as measured (stage_seconds.json). Wall seconds taken while other work
-shares the machine are not comparable, so the table also gives clean seconds: steps x the seconds per step of each
-stage in a run with nothing beside it (--sft-seconds/--sft-steps for SFT; --grpo-seconds-per-step for GRPO, default
-the main job's on the same machine kind). Every stage is skipped when its output is complete.
+update trains on) and wall seconds as measured (each chunk's done.json; the evaluations not counted). A chunk slowed
+by other work beside it would bend a wall-clock axis, so the table also gives clean seconds: steps x the median
+seconds per step of the curve's own chunks, and the figure uses them. Every stage is skipped when its output is
+complete; `table` reads only what is finished, so it runs beside a curve still training.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -159,48 +160,63 @@ def _grpo_tokens(run_dir: Path, upto: int, batch: int) -> int:
     return int(sum(by_step.values()))
 
 
-def table(root: Path, sft_seconds_per_step: float, grpo_seconds_per_step: float) -> dict:
-    """Every evaluated point with its cumulative cost from the starting SFT (which is at its own stage's cost)."""
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def table(root: Path) -> dict:
+    """Every evaluated point with its cumulative cost from the starting SFT. `clean_s_after_sft` is steps x the
+    median seconds per step of that curve's own chunks (SFT cycles; each GRPO curve's chunks), so one chunk slowed by
+    other work beside it does not bend the axis; the starting SFT's own cost on this machine is estimated the same
+    way (`start.clean_seconds_here`: its steps x the SFT cycles' median)."""
     root = root.resolve()
     start = _load(root / "sft" / "hf" / "done.json")
     exact = {p.name: _load(p / "metrics.json") for p in sorted((root / "points").glob("*"))
              if (p / "metrics.json").exists()}
 
-    def row(name: str, kind: str, steps: int, wall: float, tokens: int, clean: float) -> dict:
+    def row(name: str, kind: str, steps: int, wall: float, tokens: int, rate: float | None) -> dict:
         m = exact[name]
         return {"name": name, "kind": kind, "steps_after_sft": steps, "wall_s_after_sft": round(wall, 1),
-                "learner_tokens_after_sft": tokens, "clean_s_after_sft": round(clean, 1),
+                "learner_tokens_after_sft": tokens,
+                "clean_s_after_sft": round(steps * rate, 1) if rate is not None else None,
                 "exact": m.get("exact_match"), "kappa": m.get("type_kappa"),
                 "exact_non_terminate": m.get("exact_match_non_terminate"), "n": m.get("n")}
 
-    rows = []
-    if "sft" in exact:
-        rows.append(row("sft", "sft", 0, 0.0, 0, 0.0))
-    steps = wall = tokens = 0
+    cycles = []
     for k in range(1, 10_000):
         done = root / "sft_more" / f"cycle_{k}" / "hf" / "done.json"
         if not done.exists() or f"sft+{k}" not in exact:
             break
-        d = _load(done)
+        cycles.append(_load(done))
+    sft_rate = _median([d["seconds"] / d["steps"] for d in cycles])
+    rows = [row("sft", "sft", 0, 0.0, 0, sft_rate)] if "sft" in exact else []
+    steps = wall = tokens = 0
+    for k, d in enumerate(cycles, 1):
         steps, wall, tokens = steps + d["steps"], wall + d["seconds"], tokens + d.get("loss_tokens", 0)
-        rows.append(row(f"sft+{k}", "sft_continued", steps, wall, tokens, steps * sft_seconds_per_step))
+        rows.append(row(f"sft+{k}", "sft_continued", steps, wall, tokens, sft_rate))
+    grpo_rates = {}
     for base in sorted(root.glob("grpo_*")):
         name = base.name[len("grpo_"):]
         origin = Path(_load(base / "start.json")["start"])
         origin = str(origin.relative_to(root)) if origin.is_relative_to(root) else str(origin)
-        if f"grpo_{name}_0" in exact:
-            rows.append(row(f"grpo_{name}_0", f"grpo_{name}", 0, 0.0, 0, 0.0) | {"from": origin})
-        wall = 0.0
+        chunks = []
         for k in range(1, 10_000):
             done = base / f"chunk_{k}" / "done.json"
             if not done.exists() or f"grpo_{name}_{k}" not in exact:
                 break
-            d = _load(done)
+            chunks.append(_load(done))
+        rate = _median([d["seconds"] / (d["steps"] - (chunks[i - 1]["steps"] if i else 0))
+                        for i, d in enumerate(chunks)])
+        grpo_rates[name] = rate
+        if f"grpo_{name}_0" in exact:
+            rows.append(row(f"grpo_{name}_0", f"grpo_{name}", 0, 0.0, 0, rate) | {"from": origin})
+        wall = 0.0
+        for k, d in enumerate(chunks, 1):
             wall += d["seconds"]
-            rows.append(row(f"grpo_{name}_{k}", f"grpo_{name}", d["steps"], wall, d.get("learner_tokens", 0),
-                            d["steps"] * grpo_seconds_per_step) | {"from": origin})
-    return {"start": start, "sft_seconds_per_step": sft_seconds_per_step,
-            "grpo_seconds_per_step": grpo_seconds_per_step, "rows": rows}
+            rows.append(row(f"grpo_{name}_{k}", f"grpo_{name}", d["steps"], wall, d.get("learner_tokens", 0), rate)
+                        | {"from": origin})
+    start = start | {"clean_seconds_here": round(start["steps"] * sft_rate, 1) if sft_rate else None}
+    return {"start": start, "sft_seconds_per_step": sft_rate, "grpo_seconds_per_step": grpo_rates, "rows": rows}
 
 
 def plateau_cycle(exact: list[float], window: int = 2, tol: float = 0.01) -> int | None:
@@ -229,16 +245,18 @@ def plot(data: dict, out: Path) -> None:
         kinds.setdefault(r["kind"], []).append(r)
     sft_rows = kinds.pop("sft", [])
     if sft_rows:
-        ax.plot([-start["seconds"], 0], [0, 100 * sft_rows[0]["exact"]], ":", color="grey",
+        ax.plot([-(start.get("clean_seconds_here") or start["seconds"]), 0], [0, 100 * sft_rows[0]["exact"]], ":",
+                color="grey",
                 label=f"SFT stage ({start['steps']} steps; only its end evaluated)")
     for kind, rows in sorted(kinds.items()):
         if kind == "sft_continued" and sft_rows:
             rows = sft_rows + rows
         label = "SFT continued (1-epoch cosine cycles)" if kind == "sft_continued" else \
             f"GRPO from {rows[0].get('from', '?').removesuffix('/hf')}"
-        ax.plot([r["wall_s_after_sft"] for r in rows], [100 * r["exact"] for r in rows], "o-", ms=3, label=label)
+        ax.plot([r["clean_s_after_sft"] or r["wall_s_after_sft"] for r in rows], [100 * r["exact"] for r in rows],
+                "o-", ms=3, label=label)
     ax.axvline(0, color="grey", lw=0.5)
-    ax.set_xlabel("wall seconds after the starting SFT (this machine, nothing else running)")
+    ax.set_xlabel("seconds after the starting SFT (steps x the curve's median seconds per step, this machine)")
     ax.set_ylabel("validation exact match (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -253,9 +271,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="the base config (default: the main job's)")
     p.add_argument("--sft-model", required=True, help="the starting SFT model's folder (copied into the workspace)")
     p.add_argument("--sft-steps", type=int, default=544, help="its SFT stage's optimizer steps")
-    p.add_argument("--sft-seconds", type=float, default=1074.2, help="its SFT stage's wall seconds, nothing beside it")
-    p.add_argument("--grpo-seconds-per-step", type=float, default=1.9,
-                   help="the main job's GRPO seconds per step on this machine kind, nothing beside it")
+    p.add_argument("--sft-seconds", type=float, default=1074.2,
+                   help="its SFT stage's wall seconds where it was made (recorded; the figure uses this machine's)")
     sub = p.add_subparsers(dest="what", required=True)
     s = sub.add_parser("sft", help="SFT cycles after the starting model, each evaluated on validation")
     s.add_argument("--cycles", type=int, required=True)
@@ -280,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = Curves(Path(args.root), Path(args.config), overrides, Path(args.sft_model), args.sft_steps,
                     args.sft_seconds)
     if args.what == "table":
-        out = table(curves.root, args.sft_seconds / args.sft_steps, args.grpo_seconds_per_step)
+        out = table(curves.root)
         sft_curve = [r["exact"] for r in out["rows"] if r["kind"] in ("sft", "sft_continued")]
         out["sft_plateau_cycle"] = plateau_cycle(sft_curve)
         if args.plot:

@@ -39,16 +39,23 @@ def workspace(tmp_path):
 
 
 def test_table_accumulates_each_curve_from_the_starting_sft(workspace):
-    out = table(workspace, sft_seconds_per_step=2.0, grpo_seconds_per_step=1.5)
+    out = table(workspace)
     rows = {r["name"]: r for r in out["rows"]}
     assert list(rows) == ["sft", "sft+1", "sft+2", "sft+3", "grpo_sft_0", "grpo_sft_1", "grpo_sft_2"]
     assert rows["sft"]["steps_after_sft"] == 0 and rows["sft"]["exact"] == 0.40
-    # SFT cycles add up: 3 x 136 steps, 100 + 110 + 90 s, 3000 + 3100 + 2900 tokens, clean = steps x 2 s
+    # SFT cycles add up: 3 x 136 steps, 100 + 110 + 90 s, 3000 + 3100 + 2900 tokens; clean = steps x the median
+    # cycle's seconds per step (100 / 136), the cycle that ran slower (110 s) not counted
     assert rows["sft+3"]["steps_after_sft"] == 408 and rows["sft+3"]["wall_s_after_sft"] == 300.0
-    assert rows["sft+3"]["learner_tokens_after_sft"] == 9000 and rows["sft+3"]["clean_s_after_sft"] == 816.0
-    # GRPO chunks are one resumed run: steps as recorded, seconds summed, tokens as recorded (cumulative already)
+    assert rows["sft+3"]["learner_tokens_after_sft"] == 9000
+    assert rows["sft+3"]["clean_s_after_sft"] == pytest.approx(300.0, abs=0.05)
+    assert out["sft_seconds_per_step"] == pytest.approx(100 / 136)
+    assert out["start"]["clean_seconds_here"] == pytest.approx(500 * 100 / 136, abs=0.05)
+    # GRPO chunks are one resumed run: steps as recorded, seconds summed, tokens as recorded (cumulative already);
+    # per-step rates of the chunks 200/100 and 210/100: the median 2.05 s
     assert rows["grpo_sft_2"]["steps_after_sft"] == 200 and rows["grpo_sft_2"]["wall_s_after_sft"] == 410.0
-    assert rows["grpo_sft_2"]["learner_tokens_after_sft"] == 2000 and rows["grpo_sft_2"]["clean_s_after_sft"] == 300.0
+    assert rows["grpo_sft_2"]["learner_tokens_after_sft"] == 2000
+    assert rows["grpo_sft_2"]["clean_s_after_sft"] == pytest.approx(410.0)
+    assert out["grpo_seconds_per_step"] == {"sft": pytest.approx(2.05)}
     assert rows["grpo_sft_1"]["from"] == "sft/hf" and rows["grpo_sft_1"]["kind"] == "grpo_sft"
     assert rows["sft+2"]["exact_non_terminate"] == pytest.approx(0.36)
     assert out["start"]["steps"] == 500
@@ -75,5 +82,5 @@ def test_token_counts_take_each_step_once(tmp_path):
 
 def test_plot_writes_a_png(workspace, tmp_path):
     out = tmp_path / "curves.png"
-    plot(table(workspace, 2.0, 1.5), out)
+    plot(table(workspace), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
