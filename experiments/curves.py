@@ -220,12 +220,13 @@ def table(root: Path) -> dict:
 
 
 def plateau_cycle(exact: list[float], window: int = 2, tol: float = 0.01) -> int | None:
-    """The first SFT cycle k (1-based, exact[0] the starting SFT) whose last `window` cycles add at most `tol` to
-    the best validation exact before them: SFT "flat over its last two epochs" (issue 47) with one-epoch cycles.
-    None while it still rises. `tol` is a point of exact; one evaluation's standard error here is ~2.3 points
-    (n = 447), so a single noisy point neither makes nor breaks a plateau only when window >= 2."""
-    for k in range(window, len(exact)):
-        if max(exact[k - window + 1:k + 1]) <= max(exact[:k - window + 1]) + tol:
+    """The SFT cycle from which more SFT adds nothing, in hindsight: the first k (exact[0] the starting SFT, one
+    cycle an epoch) with at least `window` cycles after it, none of which beats the best exact up to k by more than
+    `tol` (issue 47: validation exact flat over its last two epochs, and not rising after). None while it still
+    rises. One evaluation's standard error here is ~2.3 points (n = 447): a single flat pair followed by a rise is
+    noise, not a plateau, which is why every later cycle is checked, not only the next two."""
+    for k in range(len(exact) - window):
+        if max(exact[k + 1:]) <= max(exact[:k + 1]) + tol:
             return k
     return None
 

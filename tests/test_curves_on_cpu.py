@@ -61,12 +61,14 @@ def test_table_accumulates_each_curve_from_the_starting_sft(workspace):
     assert out["start"]["steps"] == 500
 
 
-def test_plateau_is_two_cycles_that_add_at_most_a_point_to_the_best_before():
-    assert plateau_cycle([0.40, 0.44, 0.46, 0.47]) is None           # still rising by > 1 point in the last two
-    assert plateau_cycle([0.40, 0.44, 0.46, 0.465, 0.455]) == 4      # 0.465, 0.455 <= 0.46 + 0.01
-    assert plateau_cycle([0.40, 0.50, 0.45, 0.47, 0.52]) == 3        # a dip, then no new best: flat at 3
+def test_plateau_is_where_no_later_cycle_beats_the_best_so_far_by_more_than_a_point():
+    assert plateau_cycle([0.40, 0.44, 0.46, 0.47]) is None           # still rising
+    assert plateau_cycle([0.40, 0.44, 0.46, 0.465, 0.455]) == 2      # after 0.46: 0.465 and 0.455, within a point
+    # a flat pair followed by a rise is not a plateau: the first flat stretch (cycles 3-4) is passed over
+    assert plateau_cycle([0.40, 0.45, 0.472, 0.481, 0.477, 0.497, 0.526, 0.52, 0.53]) == 6
+    assert plateau_cycle([0.40, 0.50, 0.45, 0.47, 0.505]) == 1       # a dip, then nothing above 0.50 + 0.01
     assert plateau_cycle([0.40, 0.41]) is None                       # too short to say
-    assert plateau_cycle([0.40, 0.41, 0.40], window=1) == 1
+    assert plateau_cycle([0.40, 0.42, 0.41], window=1) == 1
 
 
 def test_token_counts_take_each_step_once(tmp_path):
