@@ -115,62 +115,81 @@ def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, ti
         two.shutdown()
 
 
+ZERO3_UPDATE = dict(zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
+"""The learner settings of the two ZeRO-3 update tests below (40 tokens: their micro-batch splits)."""
+
+
+def _zero3_pair(tiny_model_dir, backend):
+    from shop_r1.distributed.learner_group import LearnerGroup
+
+    return tuple(LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=k, backend=backend, **ZERO3_UPDATE), 1e-6,
+                              10, 0, local=False, reference_path=str(tiny_model_dir)) for k in (1, 2))
+
+
+@pytest.fixture(scope="module")
+def zero3_deepspeed_pair(ray_local_cluster, tiny_model_dir):
+    """A 1-rank and a 2-rank ZeRO-3 DeepSpeed group (the reference loaded), shared by the three DeepSpeed update
+    cases below: two actor groups started instead of six. Each case compares the two groups after the same earlier
+    updates; at lr 1e-6 Adam's first steps, which amplify a near-zero gradient's rounding to +-lr, leave the groups'
+    weights within ~1e-6 of each other, far inside the cases' 1e-5 tolerances."""
+    pair = _zero3_pair(tiny_model_dir, "deepspeed")
+    yield pair
+    for group in pair:
+        group.shutdown()
+
+
+@pytest.fixture
+def zero3_update_pair(request, tiny_model_dir):
+    """The shared DeepSpeed pair, or a pair of the requested backend of its own (shut down after the test)."""
+    backend = request.param
+    if backend == "deepspeed":
+        yield request.getfixturevalue("zero3_deepspeed_pair")
+        return
+    request.getfixturevalue("ray_local_cluster")
+    pair = _zero3_pair(tiny_model_dir, backend)
+    yield pair
+    for group in pair:
+        group.shutdown()
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("backend, known", [("deepspeed", False), ("fsdp2", False), ("deepspeed", True)])
-def test_self_certainty_from_the_update_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir,
-                                                                            backend, known):
+@pytest.mark.parametrize("zero3_update_pair, known", [("deepspeed", False), ("fsdp2", False), ("deepspeed", True)],
+                         indirect=["zero3_update_pair"])
+def test_self_certainty_from_the_update_on_two_zero3_ranks_equals_one_rank(zero3_update_pair, known):
     """reward.self_certainty.source=update_logits on Ray: rank 0 holds rows 0-2 (the dropped group 0 and one row of
     group 1), rank 1 rows 3-5; each places its share's s(r) among every response's, every rank computes the same
     advantages, and the update's figures equal one rank's. `known`: rl.self_certainty_breaks_ties=false, group 0
     dropped before s(r): rank 0 forwards it without gradient, rank 1 an empty micro-batch beside it (no hang)."""
     from shop_r1.config import RewardConfig
-    from shop_r1.distributed.learner_group import LearnerGroup
     from tests.learner.test_update_self_certainty_on_cpu import REWARDS, SPLIT, _batch
 
     rl = RLConfig(kl_beta=0.1, drop_zero_signal_groups=True, self_certainty_breaks_ties=not known)
     rewards = SPLIT if known else REWARDS
     loss, adv_cfg = rl.loss_config(max_new_tokens=16), rl.advantage_config(RewardConfig())
-    common = dict(backend=backend, zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
-    one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-3, 3, 0, local=False,
-                       reference_path=str(tiny_model_dir))
-    two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-3, 3, 0, local=False,
-                       reference_path=str(tiny_model_dir))
-    try:
-        (a,) = one.grpo_step_with_self_certainty(_batch(), loss, rewards, adv_cfg)
-        b = two.grpo_step_with_self_certainty(_batch(), loss, rewards, adv_cfg)
-        assert len(b) == 2 and all(x.updated for x in (a, *b))
-        _assert_every_rank_equals_one(a, b)
-    finally:
-        one.shutdown()
-        two.shutdown()
+    one, two = zero3_update_pair
+    (a,) = one.grpo_step_with_self_certainty(_batch(), loss, rewards, adv_cfg)
+    b = two.grpo_step_with_self_certainty(_batch(), loss, rewards, adv_cfg)
+    assert len(b) == 2 and all(x.updated for x in (a, *b))
+    _assert_every_rank_equals_one(a, b)
 
 
 @pytest.mark.timeout(900)
-def test_learner_logits_in_one_call_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir):
+def test_learner_logits_in_one_call_on_two_zero3_ranks_equals_one_rank(zero3_deepspeed_pair):
     """reward.self_certainty.source=learner_logits in one learner call on Ray: every rank gets the whole batch, takes
     s(r) of its contiguous share (rank 0 rows 0-2, rank 1 rows 3-5), sums them, computes the advantages, then trains
     its share of the kept rows (group 0 dropped: rows 2-5 split 2 + 2); s(r), advantages and the update's figures
     equal one rank's."""
     from shop_r1.config import RewardConfig
-    from shop_r1.distributed.learner_group import LearnerGroup
     from tests.learner.test_update_self_certainty_on_cpu import REWARDS, _batch
 
     rl = RLConfig(kl_beta=0.1, drop_zero_signal_groups=True)
     loss, adv_cfg = rl.loss_config(max_new_tokens=16), rl.advantage_config(RewardConfig())
-    common = dict(backend="deepspeed", zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
-    one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-3, 3, 0, local=False,
-                       reference_path=str(tiny_model_dir))
-    two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-3, 3, 0, local=False,
-                       reference_path=str(tiny_model_dir))
-    try:
-        (a,) = one.grpo_step_after_self_certainty(_batch(), loss, REWARDS, adv_cfg, False)
-        b = two.grpo_step_after_self_certainty(_batch(), loss, REWARDS, adv_cfg, False)
-        assert len(b) == 2 and all(x.updated for x in (a, *b))
-        assert a.advantages.zero_signal.tolist() == [True, False, False]
-        _assert_every_rank_equals_one(a, b)
-    finally:
-        one.shutdown()
-        two.shutdown()
+    one, two = zero3_deepspeed_pair
+    (a,) = one.grpo_step_after_self_certainty(_batch(), loss, REWARDS, adv_cfg, False)
+    b = two.grpo_step_after_self_certainty(_batch(), loss, REWARDS, adv_cfg, False)
+    assert len(b) == 2 and all(x.updated for x in (a, *b))
+    assert a.advantages.zero_signal.tolist() == [True, False, False]
+    _assert_every_rank_equals_one(a, b)
 
 
 def _assert_every_rank_equals_one(one, ranks):
