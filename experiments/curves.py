@@ -266,11 +266,27 @@ def plot(data: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def compare_points(root: Path, names: list[str], reference: str) -> str:
+    """The named points side by side on the validation split with the trivial baselines (fitted on rl_train), κ,
+    exact on non-terminate targets and session-resampled intervals, each paired against `reference`."""
+    from shop_r1.comparison import Setting, baseline_settings, compare, format_comparison
+    from shop_r1.metrics import load_predictions
+
+    root = root.resolve()
+    missing = [n for n in names if not (root / "points" / n / "predictions.jsonl").exists()]
+    if missing:
+        raise SystemExit(f"{root}/points: no evaluated point {', '.join(missing)}")
+    settings = [Setting(n, "model", load_predictions(root / "points" / n / "predictions.jsonl"), name=n)
+                for n in names]
+    settings += baseline_settings(root / "data" / "rl_train.jsonl", root / "data" / "rl_val.jsonl")
+    return format_comparison(compare(settings, reference=reference))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", required=True, help="the workspace (resumable)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="the base config (default: the main job's)")
-    p.add_argument("--sft-model", required=True, help="the starting SFT model's folder (copied into the workspace)")
+    p.add_argument("--sft-model", default="", help="the starting SFT model's folder (copied into the workspace)")
     p.add_argument("--sft-steps", type=int, default=544, help="its SFT stage's optimizer steps")
     p.add_argument("--sft-seconds", type=float, default=1074.2,
                    help="its SFT stage's wall seconds where it was made (recorded; the figure uses this machine's)")
@@ -286,12 +302,19 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("table", help="the points with their costs, as JSON (and a figure with --plot)")
     t.add_argument("--out", default=None)
     t.add_argument("--plot", default=None, help="write the curves' figure (PNG) here")
+    c = sub.add_parser("compare", help="points side by side with the baselines and paired session-resampled intervals")
+    c.add_argument("points", nargs="+", help="point names (root/points/NAME), the first is the reference")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args, overrides = p.parse_known_args(argv)  # what is left: dotted config overrides for every stage
+    if args.what == "compare":
+        print(compare_points(Path(args.root), args.points, reference=args.points[0]))
+        return 0
+    if args.what != "table" and not args.sft_model and not (Path(args.root) / "sft" / "hf" / "done.json").exists():
+        p.error("--sft-model: the starting SFT model's folder (needed once, to make the workspace)")
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         p.error(f"not a dotted config override (KEY=VALUE): {' '.join(bad)}")

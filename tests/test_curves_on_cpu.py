@@ -86,3 +86,11 @@ def test_plot_writes_a_png(workspace, tmp_path):
     out = tmp_path / "curves.png"
     plot(table(workspace), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_names_the_points_not_yet_evaluated(workspace):
+    from experiments.curves import compare_points
+
+    (workspace / "points" / "sft" / "predictions.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=r"points: no evaluated point sft\+9, grpo_sft_7$"):
+        compare_points(workspace, ["sft", "sft+9", "grpo_sft_7"], reference="sft")
