@@ -273,13 +273,68 @@ def compare_points(root: Path, names: list[str], reference: str) -> str:
     from shop_r1.metrics import load_predictions
 
     root = root.resolve()
-    missing = [n for n in names if not (root / "points" / n / "predictions.jsonl").exists()]
+    missing = [n for n in names if not _predictions(root / "points" / n).exists()]
     if missing:
         raise SystemExit(f"{root}/points: no evaluated point {', '.join(missing)}")
-    settings = [Setting(n, "model", load_predictions(root / "points" / n / "predictions.jsonl"), name=n)
-                for n in names]
-    settings += baseline_settings(root / "data" / "rl_train.jsonl", root / "data" / "rl_val.jsonl")
+    settings = [Setting(n, "model", load_predictions(_predictions(root / "points" / n)), name=n) for n in names]
+    if (root / "data" / "rl_train.jsonl").exists():
+        settings += baseline_settings(root / "data" / "rl_train.jsonl", root / "data" / "rl_val.jsonl")
+    else:  # an export: the baselines were scored into it
+        for b in sorted((root / "baselines").glob("*")):
+            about = _load(b / "about.json")
+            settings.append(Setting(about["label"], "baseline", load_predictions(_predictions(b)), note=about["note"],
+                                    name=b.name))
     return format_comparison(compare(settings, reference=reference))
+
+
+def _predictions(point: Path) -> Path:
+    plain = point / "predictions.jsonl"
+    return plain if plain.exists() else point / "predictions.jsonl.gz"
+
+
+EXPORTED = ("config.yaml", "sft/hf/done.json", "sft_more/cycle_*/hf/done.json", "grpo_*/start.json",
+            "grpo_*/chunk_*/done.json", "points/*/metrics.json", "points/*/metrics.txt", "points/*/headroom.json")
+
+
+def export(root: Path, to: Path) -> list[Path]:
+    """The workspace's results without its models and data, small enough to commit, in the same layout (so `table`
+    and `compare` read the export as they read the workspace): the costs (done.json, start.json), every point's
+    metrics and its predictions (gzipped), and the trivial baselines' predictions on the validation split (fitted
+    on rl_train) under baselines/, which `compare` reads in place of the data. Returns the files written."""
+    import gzip
+
+    from shop_r1.comparison import baseline_settings
+    from shop_r1.metrics import write_predictions
+
+    root, to = root.resolve(), to.resolve()
+    written = []
+    for pattern in EXPORTED:
+        for src in sorted(root.glob(pattern)):
+            dst = to / src.relative_to(root)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.name == "start.json":  # a GRPO curve's start, named inside the workspace: relative in the export
+                start = Path(_load(src)["start"])
+                _mark(dst, {"start": str(start.relative_to(root)) if start.is_relative_to(root) else str(start)})
+            else:
+                shutil.copyfile(src, dst)
+            written.append(dst)
+    def gz(src: Path, dst: Path) -> None:  # mtime 0: the same bytes on a re-export
+        with src.open("rb") as f, dst.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as g:
+            shutil.copyfileobj(f, g)
+
+    for src in sorted(root.glob("points/*/predictions.jsonl")):
+        dst = to / src.relative_to(root).with_suffix(".jsonl.gz")
+        gz(src, dst)
+        written.append(dst)
+    for b in baseline_settings(root / "data" / "rl_train.jsonl", root / "data" / "rl_val.jsonl"):
+        plain = to / "baselines" / b.name / "predictions.jsonl"
+        plain.parent.mkdir(parents=True, exist_ok=True)
+        write_predictions(b.predictions, plain)
+        gz(plain, plain.with_suffix(".jsonl.gz"))
+        plain.unlink()
+        _mark(plain.parent / "about.json", {"label": b.label, "note": b.note})
+        written += [plain.with_suffix(".jsonl.gz"), plain.parent / "about.json"]
+    return written
 
 
 def parser() -> argparse.ArgumentParser:
@@ -304,7 +359,22 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--plot", default=None, help="write the curves' figure (PNG) here")
     c = sub.add_parser("compare", help="points side by side with the baselines and paired session-resampled intervals")
     c.add_argument("points", nargs="+", help="point names (root/points/NAME), the first is the reference")
+    e = sub.add_parser("export", help="the results without models or data, to commit (table and compare read it)")
+    e.add_argument("--to", required=True, help="the export folder")
     return p
+
+
+def _table_command(root: Path, out_path: str | None, plot_path: str | None) -> int:
+    out = table(root)
+    sft_curve = [r["exact"] for r in out["rows"] if r["kind"] in ("sft", "sft_continued")]
+    out["sft_plateau_cycle"] = plateau_cycle(sft_curve)
+    if plot_path:
+        plot(out, Path(plot_path))
+    text = json.dumps(out, indent=2)
+    if out_path:
+        write_atomic(Path(out_path), text)
+    print(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,24 +383,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "compare":
         print(compare_points(Path(args.root), args.points, reference=args.points[0]))
         return 0
-    if args.what != "table" and not args.sft_model and not (Path(args.root) / "sft" / "hf" / "done.json").exists():
+    if args.what == "export":
+        print(f"{len(export(Path(args.root), Path(args.to)))} files written to {args.to}")
+        return 0
+    if args.what == "table":
+        return _table_command(Path(args.root), args.out, args.plot)
+    if not args.sft_model and not (Path(args.root) / "sft" / "hf" / "done.json").exists():
         p.error("--sft-model: the starting SFT model's folder (needed once, to make the workspace)")
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         p.error(f"not a dotted config override (KEY=VALUE): {' '.join(bad)}")
     curves = Curves(Path(args.root), Path(args.config), overrides, Path(args.sft_model), args.sft_steps,
                     args.sft_seconds)
-    if args.what == "table":
-        out = table(curves.root)
-        sft_curve = [r["exact"] for r in out["rows"] if r["kind"] in ("sft", "sft_continued")]
-        out["sft_plateau_cycle"] = plateau_cycle(sft_curve)
-        if args.plot:
-            plot(out, Path(args.plot))
-        text = json.dumps(out, indent=2)
-        if args.out:
-            write_atomic(Path(args.out), text)
-        print(text)
-        return 0
     from shop_r1.distributed.runtime import start_ray
 
     curves.data()

@@ -94,3 +94,43 @@ def test_compare_names_the_points_not_yet_evaluated(workspace):
     (workspace / "points" / "sft" / "predictions.jsonl").write_text("")
     with pytest.raises(SystemExit, match=r"points: no evaluated point sft\+9, grpo_sft_7$"):
         compare_points(workspace, ["sft", "sft+9", "grpo_sft_7"], reference="sft")
+
+
+def test_export_keeps_the_costs_points_and_baselines_without_the_models(workspace, tmp_path, monkeypatch):
+    """An export (what gets committed) reads as the workspace does: the same table, the same comparison, with the
+    baselines scored into it instead of the data; no model file goes with it."""
+    import shop_r1.comparison as comparison
+    from experiments.curves import compare_points, export
+    from shop_r1.metrics import Predictions, write_predictions
+    from shop_r1.types import Action
+
+    targets = (Action("click", "a"), Action("terminate"), Action("click", "b"), Action("terminate"))
+    ids = ("s1/0", "s1/1", "s2/0", "s2/1")
+    answer = '{{"rationale": "r", "action": {}}}'
+    for name, picks in [("sft", "ab"), ("sft+1", "aa"), ("sft+2", "ab"), ("sft+3", "bb"), ("grpo_sft_0", "ab"),
+                        ("grpo_sft_1", "ba"), ("grpo_sft_2", "ab")]:
+        responses = []
+        for t, pick in zip(targets, picks * 2):
+            responses.append(answer.format('{"type": "terminate"}' if pick == "b" else
+                                           '{"type": "click", "name": "%s"}' % (t.name or "x")))
+        write_predictions(Predictions(ids, tuple(responses), targets),
+                          workspace / "points" / name / "predictions.jsonl")
+    (workspace / "sft" / "hf" / "model.safetensors").write_bytes(b"weights")
+    (workspace / "data").mkdir()
+    (workspace / "data" / "rl_train.jsonl").write_text("")
+    (workspace / "data" / "rl_val.jsonl").write_text("")
+    always = comparison.Setting("always terminate", "baseline",
+                                Predictions(ids, ('{"rationale": "", "action": {"type": "terminate"}}',) * 4, targets),
+                                note="the same answer everywhere", name="always_terminate")
+    monkeypatch.setattr(comparison, "baseline_settings", lambda train, test: [always])
+
+    out = tmp_path / "export"
+    written = export(workspace, out)
+    assert not list(out.rglob("*.safetensors")) and not (out / "data").exists()
+    assert (out / "points" / "sft+2" / "predictions.jsonl.gz") in written
+    assert (out / "baselines" / "always_terminate" / "about.json") in written
+    assert table(out) == table(workspace)  # the costs and every point's metrics came along
+    names = ["sft", "sft+3", "grpo_sft_2"]
+    assert compare_points(out, names, "sft") == compare_points(workspace, names, "sft")
+    assert "always terminate" in compare_points(out, names, "sft")
+    assert export(workspace, out) == written  # a re-export rewrites the same files
