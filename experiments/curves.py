@@ -2,15 +2,19 @@
 GRPO from the same SFT checkpoint, resumable chunk by chunk so a curve is spread over sessions.
 
     source scripts/env.sh
-    .venv/bin/python -m experiments.curves --root runs/curves0 --sft-model DIR [--sft-steps N --sft-seconds S] \
+    .venv/bin/python -m experiments.curves --root runs/curves0 [--sft-model DIR --sft-steps N --sft-seconds S] \
         sft --cycles 14 [--cycle-steps 136]
-    .venv/bin/python -m experiments.curves --root runs/curves0 --sft-model DIR grpo --chunks 20 [--chunk-steps 100] \
+    .venv/bin/python -m experiments.curves --root runs/curves0 grpo --chunks 20 [--chunk-steps 100] \
         [--from sft|sft+K] [--name NAME]
-    .venv/bin/python -m experiments.curves --root runs/curves0 --sft-model DIR table [--out FILE.json]
-    (trailing dotted overrides go to the main job's config, configs/demo_cpu.yaml, for every stage)
+    .venv/bin/python -m experiments.curves --root runs/curves0 table [--out FILE.json --plot FILE.png]
+    .venv/bin/python -m experiments.curves --root runs/curves0 compare sft sft+14 grpo_sft_14_10
+    .venv/bin/python -m experiments.curves --root runs/curves0 export --to experiments/results/.../curves_seed0
+    (trailing dotted overrides go to the main job's config, configs/demo_cpu.yaml, for every stage; a regime is a
+    workspace made with its overrides, e.g. data.rationale_fraction=0.2)
 
 The workspace (`--root`) holds the data (built from the config's seeds, as the pipeline's examples stage does) and
-the starting SFT model (`--sft-model`, copied in; its step count and stage seconds are the SFT row's cost). Then:
+the starting SFT model (`--sft-model`, copied in, its step count and stage seconds the SFT row's cost; without it
+`sft` first trains the config's SFT stage from the base model, resumably, and records its own). Then:
 
     sft   root/sft_more/cycle_K/hf      K SFT cycles after the starting model, each `--cycle-steps` optimizer steps
                                         from the previous cycle's weights with a fresh optimizer, the SFT stage's lr,
@@ -65,7 +69,7 @@ def _load(path: Path) -> dict:
 class Curves:
     """One workspace: the data, the starting SFT model, the SFT cycles, the GRPO chunks and their evaluations."""
 
-    def __init__(self, root: Path, config: Path, overrides: list[str], sft_model: Path, sft_steps: int,
+    def __init__(self, root: Path, config: Path, overrides: list[str], sft_model: Path | None, sft_steps: int,
                  sft_seconds: float) -> None:
         self.root = root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -79,9 +83,26 @@ class Curves:
             save_config(cfg, saved)
         self.cfg = cfg
         self.start = self.root / "sft" / "hf"
-        if not (self.start / "done.json").exists():
+        if not (self.start / "done.json").exists() and sft_model is not None:
             shutil.copytree(sft_model, self.start, dirs_exist_ok=True)
             _mark(self.start / "done.json", {"steps": sft_steps, "seconds": sft_seconds, "copied_from": str(sft_model)})
+
+    def start_sft(self, local: bool) -> None:
+        """Without `--sft-model`: the starting SFT is trained here, the config's SFT stage from the base model (a
+        regime's own SFT, e.g. on the sessions that keep their rationales), resumable; its steps and seconds are the
+        SFT row's cost."""
+        from experiments.run import Workspace
+        from shop_r1.sft import run_sft
+
+        if (self.start / "done.json").exists():
+            return
+        t = time.perf_counter()
+        out = self.root / "sft"
+        cfg = with_overrides(self.cfg, [f"run_dir={out}"])
+        base = Workspace(self.cfg, self.root).base_model()
+        result = run_sft(cfg, base, self.data()["sft_train"], out, local, resume=(out / "checkpoints").exists())
+        _mark(self.start / "done.json", {"steps": result.num_steps, "seconds": round(time.perf_counter() - t, 1),
+                                         "trained_from": base, "loss_tokens": _sft_tokens(out)})
 
     def data(self) -> dict[str, str]:
         from experiments.run import Workspace
@@ -105,6 +126,7 @@ class Curves:
     def sft_cycles(self, cycles: int, cycle_steps: int, local: bool) -> None:
         from shop_r1.sft import run_sft
 
+        self.start_sft(local)
         self.point("sft", str(self.start), local)
         for k in range(1, cycles + 1):
             out = self.root / "sft_more" / f"cycle_{k}"
@@ -341,7 +363,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", required=True, help="the workspace (resumable)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="the base config (default: the main job's)")
-    p.add_argument("--sft-model", default="", help="the starting SFT model's folder (copied into the workspace)")
+    p.add_argument("--sft-model", default="", help="the starting SFT model's folder (copied into the workspace); "
+                   "without it `sft` trains the config's SFT stage first")
     p.add_argument("--sft-steps", type=int, default=544, help="its SFT stage's optimizer steps")
     p.add_argument("--sft-seconds", type=float, default=1074.2,
                    help="its SFT stage's wall seconds where it was made (recorded; the figure uses this machine's)")
@@ -388,13 +411,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.what == "table":
         return _table_command(Path(args.root), args.out, args.plot)
-    if not args.sft_model and not (Path(args.root) / "sft" / "hf" / "done.json").exists():
-        p.error("--sft-model: the starting SFT model's folder (needed once, to make the workspace)")
+    if args.what == "grpo" and not args.sft_model and not (Path(args.root) / "sft" / "hf" / "done.json").exists():
+        p.error("--sft-model, or `sft` first: GRPO needs the starting SFT model")
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         p.error(f"not a dotted config override (KEY=VALUE): {' '.join(bad)}")
-    curves = Curves(Path(args.root), Path(args.config), overrides, Path(args.sft_model), args.sft_steps,
-                    args.sft_seconds)
+    curves = Curves(Path(args.root), Path(args.config), overrides, Path(args.sft_model) if args.sft_model else None,
+                    args.sft_steps, args.sft_seconds)
     from shop_r1.distributed.runtime import start_ray
 
     curves.data()
