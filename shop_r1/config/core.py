@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from shop_r1.config import cluster, learner, reward, rl, rollout
+from shop_r1.config import cluster, data, learner, reward, rl, rollout
 from shop_r1.config.cluster import CPU_LIST_KEYS, RayConfig, RewardPoolConfig
 from shop_r1.config.data import DataConfig
 from shop_r1.config.eval import EvalConfig
@@ -105,7 +105,7 @@ def _run_dir_problems(run_dir: str) -> list[str]:
 def cross_field_problems(cfg: Config, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The broken cross-field rules of every section (each module's `problems`), one line each; a rule one of whose
     keys is in `bad` (itself out of range) is left out (no modulo by a bad group size)."""
-    return [p for section in (rl, rollout, cluster, learner, reward) for p in section.problems(cfg, bad)]
+    return [p for section in (data, rl, rollout, cluster, learner, reward) for p in section.problems(cfg, bad)]
 
 
 def check_ranges(cfg: Config) -> None:

@@ -53,6 +53,12 @@ class DataConfig:
     settings and for the GRPO stage's periodic validation; the test split is read only for the final table."""
     test_fraction: float = bounded(0.1, gt=0, lt=1)
     """Share of sessions held out for evaluation (split by session, never by step)."""
+    holdout: str = ""
+    """An out-of-distribution split: hold out whole kinds of shoppers or products, `FIELD=VALUE|VALUE|...` over the
+    sessions' persona lines (`FIELD: value`; e.g. `Looking for=tent|blender|sandals` on the synthetic shop). Every
+    session whose persona has one of the values is held out of training (SFT and RL alike) and no other is; the held-out
+    sessions are split between validation and test in the ratio val_fraction : test_fraction (seeded, by session).
+    A value that no session has is an error naming this key. Empty: the random split by session (the paper's)."""
     context: Literal["whole_session", "latest_step"] = "whole_session"
     """Table 5: every earlier page's HTML in the prompt, or only the current page plus the action history."""
     history_rationales: bool = True
@@ -85,6 +91,32 @@ class DataConfig:
     """How much more often click and type_and_submit occur than terminate after balancing."""
     skip_bad_lines: bool = False
     """Skip and count malformed session lines instead of stopping at the first one."""
+
+
+def parse_holdout(text: str, key: str = "data.holdout") -> tuple[str, tuple[str, ...]]:
+    """`"FIELD=VALUE|VALUE"` as (FIELD, values in order); ("", ()) when empty. A `ConfigError` naming `key` when
+    malformed: one `=`, a field name, at least one value, each value once."""
+    fmt = "format: FIELD=VALUE|VALUE over the persona's 'FIELD: value' lines, e.g. 'Looking for=tent|blender'"
+    if not isinstance(text, str):
+        raise ConfigError(f"{key}={text!r}: expected a string ({fmt})")
+    if not text.strip():
+        return "", ()
+    field, sep, rest = text.partition("=")
+    values = tuple(v.strip() for v in rest.split("|"))
+    if not sep or not field.strip() or not all(values):
+        raise ConfigError(f"{key}={text!r}: {fmt}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}={text!r}: a value is given twice")
+    return field.strip(), values
+
+
+def problems(cfg: _Sections, bad: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The data section's own rules, one line each."""
+    try:
+        parse_holdout(cfg.data.holdout)
+    except ConfigError as e:
+        return [str(e)]
+    return []
 
 
 def sessions_source_problems(data: DataConfig) -> list[str]:

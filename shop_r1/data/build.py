@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shop_r1.config import DataConfig
+from shop_r1.config.data import parse_holdout
 from shop_r1.data.examples import (
     balance_rl_examples,
     build_rl_examples,
@@ -24,7 +25,7 @@ from shop_r1.data.examples import (
     type_counts,
     write_examples_jsonl,
 )
-from shop_r1.data.sessions import load_sessions, split_sessions
+from shop_r1.data.sessions import SessionSplit, holdout_split, load_sessions, split_sessions
 from shop_r1.data.stats import RLExampleStats, SessionStats, rl_example_stats, session_stats
 from shop_r1.errors import DataError
 
@@ -52,6 +53,9 @@ class BuiltDatasets:
     rl_val_path: str = ""
     """Validation RL examples (natural action mix) from `data.val_fraction` of the training sessions; "" without."""
     num_rl_val: int = 0
+    holdout: str = ""
+    """data.holdout when the split is out of distribution (the held-out kinds are the validation and test sets)."""
+    num_val_sessions: int = 0
 
     def render(self) -> str:
         lines = [self.train_sessions.render("train sessions"), self.test_sessions.render("test sessions"),
@@ -62,7 +66,11 @@ class BuiltDatasets:
                  self.rl_train.render("RL examples (train)"),
                  self.rl_test.render("RL examples (test)"),
                  *([f"RL examples (validation, from {self.num_rl_val} of the training sessions' steps): "
-                    f"{self.rl_val_path}"] if self.rl_val_path else []),
+                    f"{self.rl_val_path}"] if self.rl_val_path and not self.holdout else []),
+                 *([f"out of distribution (data.holdout={self.holdout}): {self.test_sessions.num_sessions} test and "
+                    f"{self.num_val_sessions} validation sessions of those kinds, none trained on; "
+                    f"{self.num_rl_val} validation RL examples" + (f": {self.rl_val_path}" if self.rl_val_path else "")]
+                   if self.holdout else []),
                  f"written to {self.out_dir}"]
         if not self.num_sft_train:
             lines.append("WARNING: 0 SFT conversations: no training step has a rationale (SFT needs one; RL does not): "
@@ -91,11 +99,16 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
         raise DataError(f"{sessions_path}: {len(loaded.sessions)} usable session(s)"
                          + (f" ({loaded.num_bad_lines} bad lines skipped)" if loaded.num_bad_lines else "")
                          + ": building train and held-out examples needs at least 2")
-    split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
     val_sessions: tuple = ()
-    if cfg.val_fraction > 0:  # carved from the training sessions only: the test split stays as it was
-        carved = split_sessions(split.train, cfg.val_fraction, seed + 1)
-        split, val_sessions = dataclasses.replace(split, train=carved.train), carved.test
+    if cfg.holdout:  # out of distribution: whole kinds of shoppers or products never trained on
+        field, values = parse_holdout(cfg.holdout)
+        held = holdout_split(loaded.sessions, field, values, cfg.val_fraction, cfg.test_fraction, seed)
+        split, val_sessions = SessionSplit(train=held.train, test=held.test), held.val
+    else:
+        split = split_sessions(loaded.sessions, cfg.test_fraction, seed)
+        if cfg.val_fraction > 0:  # carved from the training sessions only: the test split stays as it was
+            carved = split_sessions(split.train, cfg.val_fraction, seed + 1)
+            split, val_sessions = dataclasses.replace(split, train=carved.train), carved.test
     if cfg.rationale_fraction < 1:  # as logs with few annotated sessions: training sessions only
         split = dataclasses.replace(split, train=drop_rationales(split.train, cfg.rationale_fraction, seed + 2))
     count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
@@ -136,6 +149,7 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
         rl_train=rl_example_stats(rl_train, [count_tokens(e.prompt) for e in rl_train]),
         rl_test=rl_example_stats(rl_test, [count_tokens(e.prompt) for e in rl_test]),
         rl_val_path=str(paths["rl_val"]) if val_sessions else "", num_rl_val=len(rl_val),
+        holdout=cfg.holdout, num_val_sessions=len(val_sessions),
     )
     (out / "stats.json").write_text(json.dumps(asdict(built), indent=2))
     return built

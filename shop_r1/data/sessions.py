@@ -191,3 +191,45 @@ def split_sessions(sessions: Sequence[Session], test_fraction: float, seed: int)
     test_ids = set(order[:num_test])
     return SessionSplit(train=tuple(s for i, s in enumerate(sessions) if i not in test_ids),
                         test=tuple(s for i, s in enumerate(sessions) if i in test_ids))
+
+
+def persona_fields(session: Session) -> dict[str, str]:
+    """The persona's `FIELD: value` lines as {FIELD: value} (empty without a persona)."""
+    out = {}
+    for line in (session.persona or "").splitlines():
+        field, sep, value = line.partition(": ")
+        if sep:
+            out[field.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class HoldoutSplit:
+    train: tuple[Session, ...]
+    val: tuple[Session, ...]
+    test: tuple[Session, ...]
+
+
+def holdout_split(sessions: Sequence[Session], field: str, values: Sequence[str], val_fraction: float,
+                  test_fraction: float, seed: int, key: str = "data.holdout") -> HoldoutSplit:
+    """The out-of-distribution split (`data.holdout`): the sessions whose persona `field` is one of `values` are
+    held out, split between validation and test in the ratio val_fraction : test_fraction (shuffled with `seed`);
+    every other session trains. A value no session has is a `DataError` naming `key` and the values there are."""
+    held = [s for s in sessions if persona_fields(s).get(field) in set(values)]
+    seen = {persona_fields(s).get(field) for s in sessions} - {None}
+    missing = [v for v in values if v not in seen]
+    if missing:
+        known = ", ".join(sorted(seen)[:30]) or "none: no session's persona has this field"
+        raise DataError(f"{key}: no session has {field}: {' | '.join(missing)} (the values of {field!r}: {known})")
+    if len(held) == len(sessions):
+        raise DataError(f"{key}: every session has one of the held-out values: nothing is left to train on")
+    order = list(range(len(held)))
+    random.Random(seed).shuffle(order)
+    num_val = round(len(held) * val_fraction / (val_fraction + test_fraction))
+    if val_fraction > 0:
+        num_val = min(len(held) - 1, max(1, num_val))
+    val_ids = set(order[:num_val])
+    held_ids = {id(s) for s in held}
+    return HoldoutSplit(train=tuple(s for s in sessions if id(s) not in held_ids),
+                        val=tuple(s for i, s in enumerate(held) if i in val_ids),
+                        test=tuple(s for i, s in enumerate(held) if i not in val_ids))
