@@ -23,6 +23,8 @@ by the three v2 suites (Shop-R1 and SFT are trained once per seed):
     v2_table4  SFT, the paper's four ablations, reward.click_guard=true, rl.self_certainty_breaks_ties=false,
                rl.scale_rewards=none, Shop-R1 (a switch the base config already sets is measured the other way)
     v2_fig2    SFT and Shop-R1 at RL sampling temperatures 0.2 .. 1.0 (the base temperature's row is the Shop-R1 run)
+    v2_regime  SFT, SFT continued for the Shop-R1 GRPO stage's wall time, SFT + Shop-R1: one regime of issue 47 (its
+               overrides, e.g. data.rationale_fraction=0.2, on the command line) on untuned seeds
 
 Stages and what marks them done (a finished stage is never redone; GRPO resumes from its last checkpoint):
     data   WS/data/stats.json           model  WS/model/shop_lm/shop_r1_model.json

@@ -78,7 +78,7 @@ ALIASES = {"temperature_0.6": "shop_r1"}
 SFT_CONTINUED = Row("sft_continued", "SFT continued (RL's wall time)", model="sft_continued")
 PAPER_ABLATIONS = SUITES["table4"].rows[1:-1]
 TEMPERATURES = ("0.2", "0.4", "0.6", "0.8", "1.0")
-V2_SUITES = ("v2_table2", "v2_table4", "v2_fig2")
+V2_SUITES = ("v2_table2", "v2_table4", "v2_fig2", "v2_regime")
 
 
 def _value(cfg: Config, key: str) -> object:
@@ -115,6 +115,8 @@ def v2_suite(name: str, cfg: Config) -> Suite:
         if not cfg.eval.zero_shot:  # the main job's own choice (a from-scratch model writes no JSON untrained)
             rows = rows[1:]
             notes += (f"{ZERO_SHOT.label}: left out, the base config has eval.zero_shot=false",)
+    elif name == "v2_regime":  # issue 47: a regime's (the base config + its overrides) RL stage against more SFT
+        rows = (SFT_ROW, SFT_CONTINUED, SHOP_R1)
     elif name == "v2_table4":
         switches = tuple(_switch(cfg, *s) for s in SWITCHES)
         notes = tuple(f"{r.label}: the base config has {key}={measured}, so this row measures the other value"

@@ -69,6 +69,12 @@ def test_v2_table4_measures_each_switch_against_the_base():
     assert "no_format_reward" not in _names(no_format) and "left out" in no_format.notes[0]
 
 
+def test_v2_regime_is_sft_sft_continued_and_shop_r1_under_the_regimes_overrides():
+    suite = suites.v2_suite("v2_regime", _base("data.rationale_fraction=0.2"))
+    assert _names(suite) == ["sft", "sft_continued", "shop_r1"] and suite.notes == ()
+    assert suite.rows[2].rl_overrides == ()  # the regime is in the base config, not in a row
+
+
 def test_v2_fig2_reuses_the_shop_r1_run_at_the_base_temperature():
     suite = suites.v2_suite("v2_fig2", _base("rollout.temperature=0.6"))
     assert _names(suite) == ["sft", "temperature_0.2", "temperature_0.4", "shop_r1", "temperature_0.8",
