@@ -182,6 +182,11 @@ def _grpo_tokens(run_dir: Path, upto: int, batch: int) -> int:
     return int(sum(by_step.values()))
 
 
+def _model_of(point: str) -> str:
+    """The model folder (relative to the workspace) of an SFT point: `sft` -> sft/hf, `sft+K` -> its cycle's."""
+    return "sft/hf" if point == "sft" else f"sft_more/cycle_{point.split('+', 1)[1]}/hf"
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -230,13 +235,23 @@ def table(root: Path) -> dict:
         rate = _median([d["seconds"] / (d["steps"] - (chunks[i - 1]["steps"] if i else 0))
                         for i, d in enumerate(chunks)])
         grpo_rates[name] = rate
-        if f"grpo_{name}_0" in exact:
-            rows.append(row(f"grpo_{name}_0", f"grpo_{name}", 0, 0.0, 0, rate) | {"from": origin})
+        # A curve from an SFT cycle starts where that cycle ended: its cost so far is the cycles' (the x-axis is
+        # compute since the starting SFT); `grpo_steps` counts GRPO's own.
+        at = next((r for r in rows if r["kind"] in ("sft", "sft_continued") and _model_of(r["name"]) == origin),
+                  None)
+        base_steps, base_wall, base_tokens = ((at["steps_after_sft"], at["wall_s_after_sft"],
+                                               at["learner_tokens_after_sft"]) if at else (0, 0.0, 0))
+        base_clean = (at["clean_s_after_sft"] or 0.0) if at else 0.0
+
+        points = [(f"grpo_{name}_0", 0, 0.0, 0)] if f"grpo_{name}_0" in exact else []
         wall = 0.0
         for k, d in enumerate(chunks, 1):
             wall += d["seconds"]
-            rows.append(row(f"grpo_{name}_{k}", f"grpo_{name}", d["steps"], wall, d.get("learner_tokens", 0), rate)
-                        | {"from": origin})
+            points.append((f"grpo_{name}_{k}", d["steps"], wall, d.get("learner_tokens", 0)))
+        for point, steps, spent, tokens in points:
+            r = row(point, f"grpo_{name}", base_steps + steps, base_wall + spent, base_tokens + tokens, None)
+            r["clean_s_after_sft"] = round(base_clean + steps * rate, 1) if rate is not None else None
+            rows.append(r | {"from": origin, "grpo_steps": steps})
     start = start | {"clean_seconds_here": round(start["steps"] * sft_rate, 1) if sft_rate else None}
     return {"start": start, "sft_seconds_per_step": sft_rate, "grpo_seconds_per_step": grpo_rates, "rows": rows}
 
@@ -254,37 +269,42 @@ def plateau_cycle(exact: list[float], window: int = 2, tol: float = 0.01) -> int
 
 
 def plot(data: dict, out: Path) -> None:
-    """Validation exact against wall seconds after the starting SFT: SFT continued and every GRPO curve, with the
-    SFT stage itself to the left of 0 (its start is the from-scratch model, 0 % exact; only its end is evaluated)."""
+    """Validation exact (left) and the action type's κ (right) against clean seconds after the starting SFT: SFT
+    continued and every GRPO curve, drawn from the point it started at, with the SFT stage itself to the left of 0
+    (its start is the from-scratch model, 0 % exact; only its end is evaluated)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     start = data["start"]
     kinds: dict[str, list[dict]] = {}
     for r in data["rows"]:
         kinds.setdefault(r["kind"], []).append(r)
     sft_rows = kinds.pop("sft", [])
-    if sft_rows:
-        ax.plot([-(start.get("clean_seconds_here") or start["seconds"]), 0], [0, 100 * sft_rows[0]["exact"]], ":",
-                color="grey",
-                label=f"SFT stage ({start['steps']} steps; only its end evaluated)")
-    for kind, rows in sorted(kinds.items()):
-        if kind == "sft_continued" and sft_rows:
-            rows = sft_rows + rows
-        label = "SFT continued (1-epoch cosine cycles)" if kind == "sft_continued" else \
-            f"GRPO from {rows[0].get('from', '?').removesuffix('/hf')}"
-        ax.plot([r["clean_s_after_sft"] or r["wall_s_after_sft"] for r in rows], [100 * r["exact"] for r in rows],
-                "o-", ms=3, label=label)
-    ax.axvline(0, color="grey", lw=0.5)
-    ax.set_xlabel("seconds after the starting SFT (steps x the curve's median seconds per step, this machine)")
-    ax.set_ylabel("validation exact match (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    cycle = [r["steps_after_sft"] for r in kinds.get("sft_continued", [])[:1]]
+    for ax, key, scale, name in ((axes[0], "exact", 100, "validation exact match (%)"),
+                                 (axes[1], "kappa", 1, "validation κ of the action type")):
+        if sft_rows:
+            ax.plot([-(start.get("clean_seconds_here") or start["seconds"]), 0], [0, scale * sft_rows[0][key]], ":",
+                    color="grey", label=f"SFT stage ({start['steps']} steps; only its end evaluated)")
+        for kind, rows in sorted(kinds.items()):
+            if kind == "sft_continued" and sft_rows:
+                rows = sft_rows + rows
+            origin = rows[0].get("from", "?").removesuffix("/hf")
+            origin = "sft+" + origin.rsplit("_", 1)[1] if origin.startswith("sft_more/cycle_") else origin
+            label = (f"SFT continued (cosine cycles of {cycle[0]} steps)" if cycle else "SFT continued") \
+                if kind == "sft_continued" else f"GRPO from {origin.removesuffix('/hf')}"
+            ax.plot([r["clean_s_after_sft"] or r["wall_s_after_sft"] for r in rows],
+                    [scale * (r[key] or 0) for r in rows], "o-", ms=3, label=label)
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.set_xlabel("seconds after the starting SFT (steps x the curve's median s/step, this machine)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
 
 

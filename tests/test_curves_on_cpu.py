@@ -82,6 +82,23 @@ def test_token_counts_take_each_step_once(tmp_path):
     assert _grpo_tokens(tmp_path, upto=2, batch=32) == (50 + 60) * 32
 
 
+def test_a_grpo_curve_from_an_sft_cycle_starts_at_that_cycles_cost(workspace):
+    _write(workspace / "grpo_sft_2" / "start.json", {"start": str(workspace / "sft_more" / "cycle_2" / "hf")})
+    _point(workspace, "grpo_sft_2_0", 0.46)
+    _write(workspace / "grpo_sft_2" / "chunk_1" / "done.json", {"steps": 100, "seconds": 300.0,
+                                                                "learner_tokens": 500})
+    _point(workspace, "grpo_sft_2_1", 0.50)
+    rows = {r["name"]: r for r in table(workspace)["rows"]}
+    # sft+2: 272 steps, 210 s, 6100 tokens, clean 272 x 100 / 136 = 200 s; GRPO adds 100 steps at 3 s each
+    assert rows["grpo_sft_2_0"]["steps_after_sft"] == 272 and rows["grpo_sft_2_0"]["grpo_steps"] == 0
+    assert rows["grpo_sft_2_0"]["clean_s_after_sft"] == pytest.approx(200.0, abs=0.05)
+    one = rows["grpo_sft_2_1"]
+    assert (one["steps_after_sft"], one["grpo_steps"], one["wall_s_after_sft"], one["learner_tokens_after_sft"]) == (
+        372, 100, 510.0, 6600)
+    assert one["clean_s_after_sft"] == pytest.approx(500.0, abs=0.05) and one["from"] == "sft_more/cycle_2/hf"
+    assert rows["grpo_sft_1"]["steps_after_sft"] == 100  # from the starting SFT: no offset
+
+
 def test_plot_writes_a_png(workspace, tmp_path):
     out = tmp_path / "curves.png"
     plot(table(workspace), out)
