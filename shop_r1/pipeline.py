@@ -84,7 +84,7 @@ def prepare_model(cfg: Config, run: Path | None = None) -> Path:
             corpus = default_corpus(num_sessions=300, seed=cfg.data.synth_seed + 7919, version=cfg.data.synth_version)
             build_tiny_model(out, corpus, seed=cfg.seed,
                              vocab_size=cfg.model.scratch_vocab_size, hidden_size=cfg.model.scratch_hidden_size,
-                             num_layers=cfg.model.scratch_num_layers, merges=cfg.model.scratch_tokenizer)
+                             num_layers=cfg.model.scratch_num_layers)
         return out
     return import_smollm2(default_model_dir())
 
