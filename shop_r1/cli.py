@@ -210,12 +210,11 @@ def cmd_sft(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
     from shop_r1.config import validate
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
     from shop_r1.distributed.runtime import ray_runtime
+    from shop_r1.models.tokenizer import load_tokenizer
     from shop_r1.rollout.engine import max_model_len
     from shop_r1.run_config import start_run_config
     from shop_r1.train import run_grpo
@@ -231,7 +230,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     validate(cfg, "train", max_model_len=context)  # before the run folder is written; run_grpo adds the prompts
     if not args.resume:
         start_run_config(cfg.run_dir, cfg)
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     prompts = encode_prompts(tok, load_rl_examples(args.examples), context - cfg.rollout.max_new_tokens)
     with ray_runtime(cfg.ray) as runtime:
         result = run_grpo(cfg, model, prompts, _out_dir(args, cfg, "grpo"), runtime.local_mode, resume=args.resume,

@@ -59,10 +59,9 @@ EVAL_BATCH = 64
 def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: str | Path, label: str,
              local: bool) -> EvalReport:
     """Needs Ray started (or `local`); builds its own engines and reward pool and shuts them down."""
-    from transformers import AutoTokenizer
-
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
+    from shop_r1.models.tokenizer import load_tokenizer
 
     start = time.perf_counter()
     out = Path(out_dir)
@@ -71,7 +70,7 @@ def evaluate(cfg: Config, model_path: str, examples_path: str | Path, out_dir: s
     if cfg.eval.max_examples:
         examples = examples[: cfg.eval.max_examples]
     context = max_model_len(cfg, model_path)
-    prompts = encode_prompts(AutoTokenizer.from_pretrained(model_path), examples,
+    prompts = encode_prompts(load_tokenizer(model_path), examples,
                              max_prompt_tokens=context - cfg.eval.max_new_tokens)
     spec = SamplingSpec(n=1, temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
                         top_k_logprobs=cfg.rollout.top_k_logprobs, seed=cfg.seed)

@@ -84,7 +84,7 @@ def prepare_model(cfg: Config, run: Path | None = None) -> Path:
             corpus = default_corpus(num_sessions=300, seed=cfg.data.synth_seed + 7919, version=cfg.data.synth_version)
             build_tiny_model(out, corpus, seed=cfg.seed,
                              vocab_size=cfg.model.scratch_vocab_size, hidden_size=cfg.model.scratch_hidden_size,
-                             num_layers=cfg.model.scratch_num_layers)
+                             num_layers=cfg.model.scratch_num_layers, merges=cfg.model.scratch_tokenizer)
         return out
     return import_smollm2(default_model_dir())
 
@@ -115,13 +115,12 @@ def prepare_sessions(cfg: Config, run: Path) -> Path:
 
 
 def _rl_prompts(cfg: Config, model_dir: str, rl_examples_path: str) -> list:
-    from transformers import AutoTokenizer
-
     from shop_r1.data.encode import encode_prompts
     from shop_r1.data.examples import load_rl_examples
+    from shop_r1.models.tokenizer import load_tokenizer
     from shop_r1.rollout.engine import max_model_len
 
-    return encode_prompts(AutoTokenizer.from_pretrained(model_dir), load_rl_examples(rl_examples_path),
+    return encode_prompts(load_tokenizer(model_dir), load_rl_examples(rl_examples_path),
                           max_model_len(cfg, model_dir) - cfg.rollout.max_new_tokens)
 
 
@@ -171,9 +170,9 @@ def _val_prompts(cfg: Config, model_dir: str, built: StageData) -> list | None:
 
 
 def _pad_id(model_dir: str) -> int:
-    from transformers import AutoTokenizer
+    from shop_r1.models.tokenizer import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir).pad_token_id or 0
+    return load_tokenizer(model_dir).pad_token_id or 0
 
 
 def run_pipeline(cfg: Config, until: str | None = None) -> PipelineResult:

@@ -198,12 +198,11 @@ def check_sessions(cfg: Config, sessions_path: str) -> tuple[list, str]:
 def check_prompt_budget(cfg: Config, model_dir: str, sessions: list) -> str:
     """Build the RL prompts of `sessions` as `data build` would and measure them against data.max_prompt_tokens;
     a sample whose every example is over budget is an error naming the key (the run would have nothing to train)."""
-    from transformers import AutoTokenizer
-
     from shop_r1.data.examples import build_rl_examples, chat_token_counter
+    from shop_r1.models.tokenizer import load_tokenizer
 
     d = cfg.data
-    count = chat_token_counter(AutoTokenizer.from_pretrained(model_dir))
+    count = chat_token_counter(load_tokenizer(model_dir))
     built = build_rl_examples(sessions, d.context, d.max_prompt_tokens, count, d.history_rationales, d.persona,
                               d.instructions, d.persona_position)
     lengths = [count(e.prompt) for e in built.examples]

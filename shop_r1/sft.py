@@ -45,14 +45,13 @@ def run_sft(cfg: Config, model_path: str, sft_examples_path: str | Path, out_dir
     the same process, up to `sft.max_restarts` times (steps after that checkpoint run again and are logged again;
     readers keep the last record of a step). `learner_cls` replaces the learner rank actor (fault tests).
     """
-    from transformers import AutoTokenizer
-
     from shop_r1.data.examples import load_sft_examples
     from shop_r1.distributed.actors import with_restarts
     from shop_r1.learner.sft_data import tokenize_sft_examples
+    from shop_r1.models.tokenizer import load_tokenizer
 
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     tokenized = tokenize_sft_examples(load_sft_examples(sft_examples_path), tokenizer, cfg.sft.max_seq_len)
     if not tokenized.sequences:
         raise ValueError(f"{sft_examples_path}: no SFT conversation fits sft.max_seq_len={cfg.sft.max_seq_len}")

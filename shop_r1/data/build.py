@@ -90,7 +90,7 @@ class BuiltDatasets:
 def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: str | Path, cfg: DataConfig,
                    seed: int = 0) -> BuiltDatasets:
     """Load + validate sessions, split, build and write `sft_train.jsonl`, `rl_train.jsonl`, `rl_test.jsonl`."""
-    from transformers import AutoTokenizer
+    from shop_r1.models.tokenizer import load_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,7 @@ def build_datasets(sessions_path: str | Path, out_dir: str | Path, model_dir: st
             split, val_sessions = dataclasses.replace(split, train=carved.train), carved.test
     if cfg.rationale_fraction < 1:  # as logs with few annotated sessions: training sessions only
         split = dataclasses.replace(split, train=drop_rationales(split.train, cfg.rationale_fraction, seed + 2))
-    count_tokens = chat_token_counter(AutoTokenizer.from_pretrained(str(model_dir)))
+    count_tokens = chat_token_counter(load_tokenizer(str(model_dir)))
 
     rl_train_build = build_rl_examples(split.train, cfg.context, cfg.max_prompt_tokens, count_tokens,
                                        cfg.history_rationales, cfg.persona, cfg.instructions, cfg.persona_position)

@@ -185,7 +185,9 @@ def reference_policy(reference_path: str | None, bf16: bool, device: torch.devic
 def save_hf_folder(state: dict[str, torch.Tensor], model_path: str, step: int, out_dir: str) -> None:
     """A normal HF folder (weights, config, tokenizer, chat template) of the base model at `model_path` with the
     trained weights `state` (HF names): written aside, then renamed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from shop_r1.models.tokenizer import load_tokenizer, merges_of
 
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -193,8 +195,10 @@ def save_hf_folder(state: dict[str, torch.Tensor], model_path: str, step: int, o
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     load_trained_weights(model, state, source=f"the learner's weights at step {step}")
     model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(tmp)
-    (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "trained", "base": model_path, "step": step}))
+    load_tokenizer(model_path).save_pretrained(tmp)
+    # The base's tokenizer kind goes with the weights (shop_r1/models/tokenizer.py reads it).
+    (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "trained", "base": model_path, "step": step,
+                                                        "merges": merges_of(model_path)}))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
 

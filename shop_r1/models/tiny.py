@@ -41,13 +41,22 @@ def default_corpus(num_sessions: int = 150, seed: int = 0, version: int = 1) -> 
             yield render_action(step.action, step.rationale)
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int):
-    """Byte-level BPE (any text round-trips) with ChatML specials, as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, merges: str = "words"):
+    """Byte-level BPE (any text round-trips) with ChatML specials, as a transformers fast tokenizer. `merges`:
+    `words` splits the text as GPT-2 does (words, runs of punctuation) before BPE merges inside the pieces; `chunks`
+    splits at whitespace only (model.scratch_tokenizer)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if merges == "words":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif merges == "chunks":  # the space stays on the chunk after it, as byte-level BPE keeps it
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(pattern=Regex(r"\s"), behavior="merged_with_next"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        raise ValueError(f"merges must be words or chunks, got {merges!r}")
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -59,7 +68,8 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int):
 
 
 def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, seed: int = 0,
-                     vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2) -> Path:
+                     vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2, merges: str = "words"
+                     ) -> Path:
     """Train the tokenizer, initialise the model from `seed`, save both into `out_dir` (replaced atomically).
 
     Defaults: the tests' tiny model. Larger sizes (e.g. 128 x 4 layers, ~1M parameters) make the from-scratch shop
@@ -70,7 +80,7 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, s
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
-    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab_size)
+    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab_size, merges)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size if hidden_size == 64
         else 3 * hidden_size, num_hidden_layers=num_layers, num_attention_heads=hidden_size // 32,
@@ -88,7 +98,7 @@ def build_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, s
     tokenizer.save_pretrained(tmp)
     (tmp / "shop_r1_model.json").write_text(json.dumps({"kind": "tiny", "seed": seed, "vocab_size": len(tokenizer),
                                                         "hidden_size": hidden_size, "num_layers": num_layers,
-                                                        "num_parameters": model.num_parameters()}))
+                                                        "merges": merges, "num_parameters": model.num_parameters()}))
     out.parent.mkdir(parents=True, exist_ok=True)
     publish_atomically(tmp, out)  # fsynced, then renamed over any older folder
     return out

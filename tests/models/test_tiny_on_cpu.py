@@ -47,3 +47,49 @@ def test_generation_config_stops_at_end_of_turn(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_chunk_merges_round_trip_and_shorten_shop_text():
+    """model.scratch_tokenizer=chunks: BPE merges across punctuation inside whitespace-free runs, so a page's HTML
+    takes far fewer tokens than under GPT-2's word split; any text still round-trips, the specials stay whole."""
+    import pytest
+
+    from shop_r1.models.tiny import default_corpus, train_tokenizer
+
+    corpus = list(default_corpus(num_sessions=20, seed=5, version=4))
+    words, chunks = (train_tokenizer(corpus, 1024, m) for m in ("words", "chunks"))
+    page = next(t for t in corpus if t.startswith("<html>"))
+    assert len(chunks(page)["input_ids"]) < 0.6 * len(words(page)["input_ids"])
+    text = 'Über café — 日本語 🛒 <button name="buy_now">$19.99</button>\n\t{"a": 1}  two  spaces\n\nend'
+    for tok in (words, chunks):
+        assert tok.decode(tok(text)["input_ids"]) == text
+        assert tok.decode(tok(page)["input_ids"]) == page
+    rendered = chunks.apply_chat_template([{"role": "user", "content": "U"}], tokenize=False,
+                                          add_generation_prompt=True)
+    assert chunks.convert_ids_to_tokens(chunks(rendered)["input_ids"])[0] == "<|im_start|>"
+    assert chunks.convert_ids_to_tokens(chunks("<|im_end|>")["input_ids"]) == ["<|im_end|>"]
+    with pytest.raises(ValueError, match="merges must be words or chunks"):
+        train_tokenizer(corpus, 1024, "bytes")
+
+
+def test_a_chunks_model_folder_and_its_trained_copies_load_their_own_split(tmp_path):
+    """AutoTokenizer would load a qwen2 folder with Qwen2's split (whatever tokenizer.json holds); load_tokenizer
+    keeps the shop model's own, for the tiny build and for the HF folder the learner writes from it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shop_r1.learner.backend import save_hf_folder
+    from shop_r1.models.tiny import default_corpus
+    from shop_r1.models.tokenizer import load_tokenizer, merges_of
+
+    corpus = list(default_corpus(num_sessions=20, seed=5, version=4))
+    base = build_tiny_model(tmp_path / "base", corpus, vocab_size=1024, merges="chunks")
+    page = next(t for t in corpus if t.startswith("<html>"))
+    own = load_tokenizer(base)(page)["input_ids"]
+    assert len(own) < 0.6 * len(AutoTokenizer.from_pretrained(base)(page)["input_ids"])  # the trap it avoids
+    model = AutoModelForCausalLM.from_pretrained(base)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied to the embeddings
+    save_hf_folder(state, str(base), step=3, out_dir=str(tmp_path / "hf"))
+    assert merges_of(tmp_path / "hf") == "chunks" and load_tokenizer(tmp_path / "hf")(page)["input_ids"] == own
+    words = build_tiny_model(tmp_path / "words", corpus, vocab_size=1024)
+    assert merges_of(words) == "words" and merges_of(tmp_path) == "words"  # no marker: words
+    assert load_tokenizer(words)(page)["input_ids"] == AutoTokenizer.from_pretrained(words)(page)["input_ids"]
