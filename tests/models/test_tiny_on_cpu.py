@@ -93,3 +93,14 @@ def test_a_chunks_model_folder_and_its_trained_copies_load_their_own_split(tmp_p
     words = build_tiny_model(tmp_path / "words", corpus, vocab_size=1024)
     assert merges_of(words) == "words" and merges_of(tmp_path) == "words"  # no marker: words
     assert load_tokenizer(words)(page)["input_ids"] == AutoTokenizer.from_pretrained(words)(page)["input_ids"]
+
+
+def test_the_package_loads_model_tokenizers_only_through_load_tokenizer():
+    """One loader, or a `chunks` model would be encoded with Qwen2's split in whichever place forgot it."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "shop_r1"
+    allowed = {package / "models" / "tokenizer.py", package / "models" / "smollm2.py"}  # smollm2: the GGUF import
+    offenders = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+                 if p not in allowed and "AutoTokenizer" in p.read_text()]
+    assert offenders == []
