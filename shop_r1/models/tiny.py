@@ -51,9 +51,12 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, merges: str = "words
     tok = Tokenizer(models.BPE())
     if merges == "words":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    elif merges == "chunks":  # the space stays on the chunk after it, as byte-level BPE keeps it
+    elif merges == "chunks":
+        # A line break is a token of its own: the prompt ends in `assistant\n`, so an answer's first token must never
+        # have been merged with it in training. A space stays on the chunk after it, as byte-level BPE keeps it.
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(pattern=Regex(r"\s"), behavior="merged_with_next"),
+            pre_tokenizers.Split(pattern=Regex(r"[\r\n\t\f\v]"), behavior="isolated"),
+            pre_tokenizers.Split(pattern=Regex(" "), behavior="merged_with_next"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         raise ValueError(f"merges must be words or chunks, got {merges!r}")

@@ -68,6 +68,12 @@ def test_chunk_merges_round_trip_and_shorten_shop_text():
                                           add_generation_prompt=True)
     assert chunks.convert_ids_to_tokens(chunks(rendered)["input_ids"])[0] == "<|im_start|>"
     assert chunks.convert_ids_to_tokens(chunks("<|im_end|>")["input_ids"]) == ["<|im_end|>"]
+    # The generation prompt's tokens begin the tokens of prompt + answer, as they will at inference: the answer's
+    # first token is never merged with the prompt's last line break.
+    prompt = chunks.apply_chat_template([{"role": "user", "content": page}], tokenize=False, add_generation_prompt=True)
+    for answer in ('{"rationale": "I want it.", "action": {"type": "terminate"}}', ' "x"', "\n{}"):
+        ids = chunks(prompt)["input_ids"]
+        assert chunks(prompt + answer)["input_ids"][:len(ids)] == ids, answer
     with pytest.raises(ValueError, match="merges must be words or chunks"):
         train_tokenizer(corpus, 1024, "bytes")
 
