@@ -110,3 +110,24 @@ def test_the_package_loads_model_tokenizers_only_through_load_tokenizer():
     offenders = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
                  if p not in allowed and "AutoTokenizer" in p.read_text()]
     assert offenders == []
+
+
+def test_chunk_merges_keep_every_answer_token_in_the_sft_loss(tmp_path):
+    """The SFT loss covers the tokens that start inside the answer: a first answer token merged with the line break
+    before it (`Ċ{"`, learned from the shop's text) would start outside it and never be trained, and the model would
+    never learn to open its answer (the first `chunks` run: 0 of 50 answers whole, no parseable output)."""
+    from shop_r1.data.prompts import render_action
+    from shop_r1.learner.sft_data import tokenize_sft_example
+    from shop_r1.models.tiny import default_corpus
+    from shop_r1.models.tokenizer import load_tokenizer
+    from shop_r1.types import Action, Message, SFTExample
+
+    d = build_tiny_model(tmp_path / "m", default_corpus(num_sessions=300, seed=7919, version=4), vocab_size=4096,
+                         merges="chunks")
+    tok = load_tokenizer(d)
+    answer = render_action(Action("type_and_submit", "search_input", "trail shoes"), "I'll search.")
+    ex = SFTExample("s:0", (Message("system", "S"), Message("user", "<html></html>"), Message("assistant", answer)),
+                    train_last_turn_only=True)
+    seq = tokenize_sft_example(ex, tok, 2400)
+    trained = tok.decode([i for i, m in zip(seq.input_ids, seq.loss_mask) if m])
+    assert trained.startswith(answer), trained
