@@ -33,8 +33,10 @@ def merges_of(model_dir: str | Path) -> str:
 def load_tokenizer(model_dir: str | Path, **kwargs: Any) -> Any:
     """The folder's tokenizer: its own `tokenizer.json` pipeline for a `chunks` shop model, `AutoTokenizer`
     otherwise."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if merges_of(model_dir) == "chunks":
+        from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast.from_pretrained(str(model_dir), **kwargs)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(model_dir), **kwargs)
