@@ -27,7 +27,7 @@ class ModelConfig:
     scratch_tokenizer: Literal["words", "chunks"] = "words"
     """How the from-scratch tokenizer's BPE may merge: `words`, within a word or a run of punctuation (GPT-2's
     split; the committed tables' models); `chunks`, within any whitespace-free run, so HTML like `</a></li><li><a
-    name="` and `"search_results.` become a few tokens: the shop's prompts take ~0.37x as many tokens at
-    scratch_vocab_size 4096 (a measurement on 200 validation prompts, docs/ci/README.md), so every stage reads
-    shorter sequences."""
+    name="` and `"search_results.` become a few tokens (a line break stays a token of its own): the shop's prompts take
+    ~0.39x as many tokens at scratch_vocab_size 4096 (the pipeline's data build, docs/ci/README.md), so every stage
+    reads shorter sequences."""
 

@@ -223,13 +223,8 @@ def holdout_split(sessions: Sequence[Session], field: str, values: Sequence[str]
         raise DataError(f"{key}: no session has {field}: {' | '.join(missing)} (the values of {field!r}: {known})")
     if len(held) == len(sessions):
         raise DataError(f"{key}: every session has one of the held-out values: nothing is left to train on")
-    order = list(range(len(held)))
-    random.Random(seed).shuffle(order)
-    num_val = round(len(held) * val_fraction / (val_fraction + test_fraction))
-    if val_fraction > 0:
-        num_val = min(len(held) - 1, max(1, num_val))
-    val_ids = set(order[:num_val])
+    # The held-out sessions divide as split_sessions divides any set: its "test" side is validation here.
+    divided = split_sessions(held, val_fraction / (val_fraction + test_fraction), seed)
     held_ids = {id(s) for s in held}
-    return HoldoutSplit(train=tuple(s for s in sessions if id(s) not in held_ids),
-                        val=tuple(s for i, s in enumerate(held) if i in val_ids),
-                        test=tuple(s for i, s in enumerate(held) if i not in val_ids))
+    return HoldoutSplit(train=tuple(s for s in sessions if id(s) not in held_ids), val=divided.test,
+                        test=divided.train)
