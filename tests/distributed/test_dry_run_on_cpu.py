@@ -43,6 +43,12 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.fixture(scope="module")
 def gpu_head(tmp_path_factory):
     """A `ray start --head` cluster with 8 logical GPUs; yields its GCS address."""
@@ -60,6 +66,10 @@ def gpu_head(tmp_path_factory):
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
+        while not _port_open(port):  # a socket probe first: a `ray status` process costs ~1.5 CPU-s a poll
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head did not come up; see {log.name}")
+            time.sleep(0.5)
         while subprocess.run([str(BIN / "ray"), "status", f"--address={address}"], env=_env(), capture_output=True,
                              timeout=60, check=False).returncode != 0:
             if head.poll() is not None or time.monotonic() > deadline:

@@ -1,8 +1,6 @@
 """The reward pool: scores in order, and a poisoned, hanging or crashing response never kills the step."""
 
-import contextlib
 import os
-import subprocess
 import sys
 import time
 
@@ -61,31 +59,40 @@ def test_local_pool_flags_a_poisoned_response_and_scores_the_rest():
     assert rewards[0].error is None and rewards[2].error is None
 
 
-@contextlib.contextmanager
-def cpu_hogs(n=2):
-    """Busy-looping processes for the block's duration: a loaded machine, where a fresh worker takes seconds to
-    start."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in hogs:
-            p.kill()
-        for p in hogs:
-            p.wait()
+SLOW_START_S = 6.0
+"""Each worker of the poison test takes this long to start: longer than its 5 s scoring budget."""
 
 
-@pytest.mark.slow  # minutes on the 2-core machine: 3 worker restarts under the CPU hogs, 2 hang timeouts
+def _slow_start():
+    time.sleep(SLOW_START_S)
+    return hostile_scorer
+
+
+class SlowStartScorer:
+    """`hostile_scorer`, whose unpickling (in the worker's constructor) takes SLOW_START_S: every worker, the first
+    ones and each replacement, starts slowly, as on a loaded machine where a fresh worker's start and imports take
+    seconds, without burning the CPU the other tests need."""
+
+    def __reduce__(self):
+        return (_slow_start, ())
+
+    def __call__(self, *args):
+        return hostile_scorer(*args)
+
+
+@pytest.mark.slow  # about a minute: 3 worker restarts of 6 s each, 2 hang timeouts of 5 s
 def test_ray_pool_survives_poison_hang_and_crash(ray_local_cluster):
-    # Under load (2 busy loops), a restarted worker's start and imports take seconds: the pool must wait for it to be
-    # ready before the 5 s scoring budget starts, or a good response retried on it gets the timeout fallback. The
-    # load starts once the pool's first workers are up: their start is not what the readiness wait protects.
+    # A restarted worker takes 6 s to start, more than the 5 s scoring budget: the pool must wait for it to be ready
+    # before a retried response's budget starts, or a good response retried on it gets the timeout fallback.
+    # (This used to be two busy-looping processes beside the test, which took two cores from every other test.)
     _register_by_value()
     pool = RewardPool(RewardConfig(), RewardPoolConfig(num_workers=2, timeout_s=5.0), local=False,
-                      score_fn=hostile_scorer)
+                      score_fn=SlowStartScorer())
     try:
-        with cpu_hogs(2):
-            _poison_hang_and_crash(pool)
+        start = time.monotonic()
+        _poison_hang_and_crash(pool)
+        # The three replacements each took their slow start (the readiness wait held the budgets back).
+        assert time.monotonic() - start >= 3 * SLOW_START_S
     finally:
         pool.shutdown()
 
