@@ -89,30 +89,30 @@ def test_two_ranks_with_shared_prompts_equal_one_rank_with_separate_rows(ray_loc
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_self_certainty_on_two_zero3_ranks_equals_one_rank(ray_local_cluster, tiny_model_dir, backend):
+def test_self_certainty_on_two_zero3_ranks_equals_one_rank(request, backend):
     """Each rank receives and scores only its share of the responses. Under ZeRO-3 every forward and LM-head call is
-    a collective: a rank whose rows hold no rationale token (rank 1 here) and fewer micro-batches must still make as
-    many calls (no hang). The values come back in the batch's order, equal to one rank's."""
+    a collective: a rank whose rows hold no rationale token (rank 1 here) must still make as many calls as the
+    other, and the ranks' shares take different numbers of micro-batches (rank 0's group packs into one, rank 1's two
+    groups into two, at 24 or 40 tokens alike): no hang. The values come back in the batch's order, equal to one
+    rank's. On the module's shared ZeRO-3 pair of the backend (below)."""
     import dataclasses
 
-    from shop_r1.distributed.learner_group import LearnerGroup
+    from shop_r1.algo.batch import micro_batch_rows
     from tests.algo.test_shared_prompt_on_cpu import _grouped_batch
 
     batch = _grouped_batch(3)
     rationale = batch.rationale_mask.clone()
     rationale[3:] = 0  # rows 3-5 (rank 1's share) have none
     batch = dataclasses.replace(batch, rationale_mask=rationale)
-    common = dict(backend=backend, zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=24)
-    one = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=1, **common), 1e-6, 3, 0, local=False)
-    two = LearnerGroup(str(tiny_model_dir), LearnerConfig(num_ranks=2, **common), 1e-6, 3, 0, local=False)
-    try:
-        a = one.rationale_self_certainty(batch, "u_to_p")
-        b = two.rationale_self_certainty(batch, "u_to_p")
-        assert len(b) == 6 and b[3:] == [0.0, 0.0, 0.0] and sum(v != 0 for v in a) == 2
-        assert b == pytest.approx(a, rel=1e-5, abs=1e-7)
-    finally:
-        one.shutdown()
-        two.shutdown()
+    lengths = [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
+    prompts = [(9, 0)] * 3 + [(14, 1)] * 2 + [(6, 2)]  # the groups' prompt lengths, as _grouped_batch builds them
+    budget = ZERO3_UPDATE["max_tokens_per_micro_batch"]
+    assert [len(micro_batch_rows(lengths[r], budget, prompts[r])) for r in (slice(0, 3), slice(3, 6))] == [1, 2]
+    one, two = request.getfixturevalue(f"zero3_{backend}_pair")
+    a = one.rationale_self_certainty(batch, "u_to_p")
+    b = two.rationale_self_certainty(batch, "u_to_p")
+    assert len(b) == 6 and b[3:] == [0.0, 0.0, 0.0] and sum(v != 0 for v in a) == 2
+    assert b == pytest.approx(a, rel=1e-5, abs=1e-7)
 
 
 ZERO3_UPDATE = dict(zero_stage=3, num_cpus_per_rank=0.5, max_tokens_per_micro_batch=40)
@@ -126,30 +126,33 @@ def _zero3_pair(tiny_model_dir, backend):
                               10, 0, local=False, reference_path=str(tiny_model_dir)) for k in (1, 2))
 
 
-@pytest.fixture(scope="module")
-def zero3_deepspeed_pair(ray_local_cluster, tiny_model_dir):
-    """A 1-rank and a 2-rank ZeRO-3 DeepSpeed group (the reference loaded), shared by the three DeepSpeed update
-    cases below: two actor groups started instead of six. Each case compares the two groups after the same earlier
-    updates; at lr 1e-6 Adam's first steps, which amplify a near-zero gradient's rounding to +-lr, leave the groups'
-    weights within ~1e-6 of each other, far inside the cases' 1e-5 tolerances."""
-    pair = _zero3_pair(tiny_model_dir, "deepspeed")
-    yield pair
-    for group in pair:
-        group.shutdown()
-
-
-@pytest.fixture
-def zero3_update_pair(request, tiny_model_dir):
-    """The shared DeepSpeed pair, or a pair of the requested backend of its own (shut down after the test)."""
-    backend = request.param
-    if backend == "deepspeed":
-        yield request.getfixturevalue("zero3_deepspeed_pair")
-        return
-    request.getfixturevalue("ray_local_cluster")
+def _module_pair(tiny_model_dir, backend):
     pair = _zero3_pair(tiny_model_dir, backend)
     yield pair
     for group in pair:
         group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def zero3_deepspeed_pair(ray_local_cluster, tiny_model_dir):
+    """A 1-rank and a 2-rank ZeRO-3 DeepSpeed group (the reference loaded), shared by the module's DeepSpeed ZeRO-3
+    cases (the self-certainty case and the three update cases): two actor groups started instead of eight. Each case
+    compares the two groups after the same earlier updates; at lr 1e-6 Adam's first steps, which amplify a near-zero
+    gradient's rounding to +-lr, leave the groups' weights within ~1e-6 of each other, far inside the cases' 1e-5
+    tolerances."""
+    yield from _module_pair(tiny_model_dir, "deepspeed")
+
+
+@pytest.fixture(scope="module")
+def zero3_fsdp2_pair(ray_local_cluster, tiny_model_dir):
+    """The same pair on FSDP2, shared by the module's two FSDP2 ZeRO-3 cases."""
+    yield from _module_pair(tiny_model_dir, "fsdp2")
+
+
+@pytest.fixture
+def zero3_update_pair(request):
+    """The module's shared pair of the requested backend."""
+    return request.getfixturevalue(f"zero3_{request.param}_pair")
 
 
 @pytest.mark.timeout(900)
