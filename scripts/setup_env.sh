@@ -19,6 +19,9 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
   exit 0
 fi
 
+# pip byte-compiles what it installs, and that must stay: these machines set PYTHONDONTWRITEBYTECODE=1, so with
+# `--no-compile` every process would compile every module it imports from source, every time (a fresh-clone CI took
+# 19:28 of tests that way against 11:35; docs/ci/README.md, 2026-12-05).
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 LOG="$VENV/shop_r1_install.log"
 echo "[setup] installing the pinned CPU stack into $VENV (first time ~2-3 min; log: $LOG)"
