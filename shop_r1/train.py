@@ -191,7 +191,8 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
              resume: bool = False, pad_id: int = 0, score_fn: ScoreFn | None = None,
              engine_cls: type | None = None, learner_cls: type | None = None,
              val_prompts: list[Prompt] | None = None,
-             reward_funcs: Sequence[RewardFunction | RewardTerm] = ()) -> GRPOResult:
+             reward_funcs: Sequence[RewardFunction | RewardTerm] = (), engines: EngineGroup | None = None
+             ) -> GRPOResult:
     """Needs Ray started (or `local`). `policy_path` is the SFT model: the initial policy and the reference.
 
     `score_fn` scores each response's base terms (default: `reward.fn`, whose default is the Shop-R1 hybrid reward).
@@ -200,6 +201,10 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     `val_prompts`: encoded like `prompts`, from a validation split; with rl.val_every > 0 the first
     rl.val_examples of them are answered greedily every rl.val_every steps (`validate`).
     `engine_cls` / `learner_cls` replace the vLLM engine / DeepSpeed learner actors (fault tests).
+    `engines`: a running engine group of the caller's (built for this config's rollout settings and context), used
+    instead of starting one and left running afterwards: its weights and policy version are the learner's from the
+    run's first push on, and its restart count starts again at 0 (rollout.max_engine_restarts is per run). Several
+    runs in one process (tests, sweeps) then pay for the engines' start once.
 
     An actor the loop cannot replace (a learner rank) that dies ends the attempt; its actors are torn down and the run
     resumes from the last complete checkpoint, up to `rl.max_restarts` times. Steps after that checkpoint run again
@@ -211,10 +216,43 @@ def run_grpo(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str 
     check_config(cfg, "train", prompts=prompts, val_prompts=val_prompts, local=local,  # before any actor starts
                  extra_problems=reward_function_problems(cfg.reward, prompts, reward_funcs))
     terms = terms_of(cfg.reward, reward_funcs)
+    if engines is not None:
+        check_given_engines(engines, cfg, policy_path, local, engine_cls)
     val = val_prompts[:cfg.rl.val_examples] if cfg.rl.val_every and val_prompts else []
     return with_restarts(lambda again: _run_grpo_attempt(cfg, policy_path, prompts, out_dir, local, resume or again,
-                                                         pad_id, score_fn, engine_cls, learner_cls, val, terms),
+                                                         pad_id, score_fn, engine_cls, learner_cls, val, terms,
+                                                         engines),
                          cfg.rl.max_restarts, local, "grpo")
+
+
+def check_given_engines(engines: EngineGroup, cfg: Config, policy_path: str, local: bool,
+                        engine_cls: type | None) -> None:
+    """A caller's engine group must be what this run would start: the config's engine count, local mode and rollout
+    settings, a context at least the run's, and no `engine_cls` beside it."""
+    from shop_r1.rollout.engine import max_model_len
+
+    context = max_model_len(cfg, policy_path)
+    problems = [*(["engine_cls is given as well (the given engines are already built)"] if engine_cls else []),
+                *([f"they run {'in-process' if engines.local else 'under Ray'}, the run is "
+                   f"{'local' if local else 'under Ray'}"] if engines.local != local else []),
+                *([f"{len(engines.engines)} engine(s), rollout.num_engines={cfg.rollout.num_engines}"]
+                  if len(engines.engines) != cfg.rollout.num_engines else []),
+                *([f"their context is {engines.max_model_len} tokens, the run needs {context}"]
+                  if engines.max_model_len < context else []),
+                *([f"they were built with other rollout settings ({differ})"]
+                  if (differ := _build_settings_diff(engines.cfg, cfg.rollout)) else [])]
+    if problems:
+        raise ValueError("run_grpo(engines=...): the given engine group does not fit this run: " + "; ".join(problems))
+
+
+PER_REQUEST_ROLLOUT = ("temperature", "max_new_tokens", "group_size")
+"""Rollout settings each generate call carries (SamplingSpec): a run may differ from its given engines in these."""
+
+
+def _build_settings_diff(built: Any, wanted: Any) -> str:
+    return ", ".join(f"rollout.{f.name}: {getattr(built, f.name)!r} vs {getattr(wanted, f.name)!r}"
+                     for f in dataclasses.fields(built)
+                     if f.name not in PER_REQUEST_ROLLOUT and getattr(built, f.name) != getattr(wanted, f.name))
 
 
 def validate(engines: Engines, prompts: list[Prompt], cfg: Config, version: int) -> dict[str, float]:
@@ -259,8 +297,8 @@ class _RunFiles:
 
 def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_dir: str | Path, local: bool,
                       resume: bool, pad_id: int, score_fn: ScoreFn, engine_cls: type | None,
-                      learner_cls: type | None, val_prompts: list[Prompt], terms: tuple[RewardTerm, ...] = ()
-                      ) -> GRPOResult:
+                      learner_cls: type | None, val_prompts: list[Prompt], terms: tuple[RewardTerm, ...] = (),
+                      given: EngineGroup | None = None) -> GRPOResult:
     from shop_r1.rollout.engine import max_model_len
 
     start_time = time.perf_counter()
@@ -272,8 +310,11 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
     # the previous attempt's actors running).
     engines = pool = learners = source = tracker = files = None
     try:
-        engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
-                              engine_cls=engine_cls)
+        if given is None:
+            engines = EngineGroup(policy_path, cfg.rollout, max_model_len(cfg, policy_path), cfg.seed, local=local,
+                                  engine_cls=engine_cls)
+        else:  # the caller's: kept running afterwards, its restart budget this run's
+            engines, given.restarts = given, 0
         pool = RewardPool(cfg.reward, cfg.reward_pool, local=local, score_fn=score_fn, terms=terms)
         # The schedule counts optimizer steps: rl.num_minibatches of them a GRPO step.
         learners = LearnerGroup(policy_path, cfg.learner, cfg.rl.lr, cfg.rl.steps * cfg.rl.num_minibatches, cfg.seed,
@@ -336,7 +377,9 @@ def _run_grpo_attempt(cfg: Config, policy_path: str, prompts: list[Prompt], out_
         for part in (source, tracker, files):
             if part is not None:
                 part.close()
-        for group in (engines, pool, learners):
+        if given is not None:
+            given.on_replace, given.defer_resync, given.resync_pending = None, False, False  # no link to this run
+        for group in (engines if given is None else None, pool, learners):
             if group is not None:
                 group.shutdown()
     return GRPOResult(str(out / "hf"), step, rewards_seen[0] if rewards_seen else 0.0,

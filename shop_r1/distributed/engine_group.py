@@ -92,7 +92,7 @@ class EngineGroup:
         self.chunks_per_engine = 1
         """Generate calls per engine per batch (more would overlap scoring with generation at the cost of smaller
         decode batches)."""
-        self.local, self.cfg = local, cfg
+        self.local, self.cfg, self.model_path, self.max_model_len = local, cfg, model_path, max_model_len
         self.start_timeout_s = deadlines.start_timeout_s(deadlines.model_bytes(model_path))
         """An engine's start (vLLM loading the model): the bound of a call that may be a fresh engine's first."""
         self.restarts = 0

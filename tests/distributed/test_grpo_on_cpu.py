@@ -31,6 +31,20 @@ def prompts(tiny_model_dir):
     return encode_prompts(tok, examples, 1200)
 
 
+@pytest.fixture(scope="module")
+def engines(ray_local_cluster, tiny_model_dir, tmp_path_factory):
+    """One engine group for the module's runs (run_grpo(engines=...)): built as `_cfg`'s runs would build theirs,
+    each run's first push gives it that run's weights and version, so the runs pay for one engine start."""
+    from shop_r1.distributed.engine_group import EngineGroup
+    from shop_r1.rollout.engine import max_model_len
+
+    cfg = _cfg(tmp_path_factory.mktemp("engines"), 1)
+    group = EngineGroup(str(tiny_model_dir), cfg.rollout, max_model_len(cfg, str(tiny_model_dir)), cfg.seed,
+                        local=False)
+    yield group
+    group.shutdown()
+
+
 def variety_reward(response, target, cfg, logprobs):
     """A dense reward any policy gets a spread of: the share of distinct characters (a GRPO test signal)."""
     from shop_r1.types import RewardBreakdown
@@ -60,12 +74,13 @@ def _weights(path):
 
 
 @pytest.mark.slow
-def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
+def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir, prompts, engines, tmp_path):
     _register_by_value()
     pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
     full = run_grpo(_cfg(tmp_path / "a", 3), str(tiny_model_dir), prompts, tmp_path / "a" / "rl", local=False,
-                    pad_id=pad, score_fn=variety_reward)
+                    pad_id=pad, score_fn=variety_reward, engines=engines)
     assert full.num_steps == 3
+    assert engines.policy_versions() == [3]  # the caller's engines outlive the run, with its last weights
     logged = [json.loads(line) for line in (tmp_path / "a" / "metrics_grpo.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3]
     for r in logged:
@@ -101,7 +116,7 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
     shutil.copytree(step2, tmp_path / "b" / "rl" / "checkpoints" / "step_000002")
     (tmp_path / "b" / "rl" / "checkpoints" / "latest").write_text("step_000002")
     resumed = run_grpo(_cfg(tmp_path / "b", 3), str(tiny_model_dir), prompts, tmp_path / "b" / "rl", local=False,
-                       resume=True, pad_id=pad, score_fn=variety_reward)
+                       resume=True, pad_id=pad, score_fn=variety_reward, engines=engines)
     assert resumed.num_steps == 3
     batches_a = [json.loads(x) for x in (tmp_path / "a" / "rl" / "batches.jsonl").read_text().splitlines()]
     batches_b = [json.loads(x) for x in (tmp_path / "b" / "rl" / "batches.jsonl").read_text().splitlines()]
@@ -113,7 +128,7 @@ def test_grpo_steps_sync_checkpoint_and_resume(ray_local_cluster, tiny_model_dir
 
 
 @pytest.mark.slow
-def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
+def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, prompts, engines, tmp_path):
     """K = 2 DeepSpeed ranks under ZeRO-3: every rank takes part in the full-weight gather for the sync, and the
     engine then computes the learner's logprobs. (A plug-in reward, as here, gets no learner self-certainty forward;
     that forward on ZeRO-3 ranks, each scoring its own share: tests/distributed/test_learner_ranks_on_cpu.py.) The
@@ -125,7 +140,7 @@ def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, pr
     cfg.learner.num_ranks, cfg.learner.zero_stage, cfg.learner.num_cpus_per_rank = 2, 3, 0.5
     cfg.weight_sync.zero_copy = True
     result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad,
-                      score_fn=variety_reward)
+                      score_fn=variety_reward, engines=engines)
     assert result.num_steps == 2
     logged = [json.loads(line) for line in (tmp_path / "metrics_grpo.jsonl").read_text().splitlines()]
     for r in logged:
@@ -138,7 +153,8 @@ def test_grpo_with_two_zero3_learner_ranks(ray_local_cluster, tiny_model_dir, pr
 
 
 @pytest.mark.slow
-def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, tiny_model_dir, prompts, tmp_path):
+def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, tiny_model_dir, prompts, engines,
+                                                             tmp_path):
     """rl.async_level=1 under Ray: step t+1 is generated while step t's update runs, by the weights of step t-1.
     Every sample's lag (stamped by the engines, dumped per sample) is at most 1; the importance weight corrects the
     surrogate. A run resumed from the step-2 checkpoint takes the rollout that checkpoint holds for step 3 and ends
@@ -152,7 +168,7 @@ def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, t
         return c
 
     run_grpo(cfg(tmp_path / "a"), str(tiny_model_dir), prompts, tmp_path / "a" / "rl", local=False, pad_id=pad,
-             score_fn=variety_reward)
+             score_fn=variety_reward, engines=engines)
     logged = [json.loads(line) for line in (tmp_path / "a" / "metrics_grpo.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in logged] == [0, 0, 1, 2]
     assert [r["rollout/policy_lag_max"] for r in logged] == [0, 1, 1, 1]
@@ -177,7 +193,7 @@ def test_one_step_off_async_lags_by_one_and_resumes_exactly(ray_local_cluster, t
     shutil.copytree(step2, tmp_path / "b" / "rl" / "checkpoints" / "step_000002")
     (tmp_path / "b" / "rl" / "checkpoints" / "latest").write_text("step_000002")
     run_grpo(cfg(tmp_path / "b"), str(tiny_model_dir), prompts, tmp_path / "b" / "rl", local=False, resume=True,
-             pad_id=pad, score_fn=variety_reward)
+             pad_id=pad, score_fn=variety_reward, engines=engines)
     resumed = [json.loads(line) for line in (tmp_path / "b" / "rollouts.jsonl").read_text().splitlines()]
     assert [d["step"] for d in resumed] == [3, 3, 4, 4]
     for a, b in zip(dumped[4:], resumed):
@@ -197,7 +213,7 @@ def brevity(prompts, completions, target, **kwargs):
 
 @pytest.mark.slow
 def test_a_reward_function_from_the_config_trains_beside_the_shop_r1_terms(ray_local_cluster, tiny_model_dir,
-                                                                           prompts, tmp_path):
+                                                                           prompts, engines, tmp_path):
     """reward.functions: the user's function is added to the default terms and logged as reward/<name>."""
     _register_by_value()
     pad = AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
@@ -205,7 +221,7 @@ def test_a_reward_function_from_the_config_trains_beside_the_shop_r1_terms(ray_l
                              "rollout.max_new_tokens=16", "rl.lr=1e-3", "logging.wandb=false",
                              "rollout.kv_cache_gib=1", "reward_pool.num_workers=1", "rollout.temperature=0.6",
                              f"reward.functions=[{{fn: '{__name__}:brevity', weight: 2.0}}]"])
-    result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad)
+    result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "rl", local=False, pad_id=pad, engines=engines)
     assert result.num_steps == 2
     logged = [json.loads(line) for line in (tmp_path / "metrics_grpo.jsonl").read_text().splitlines()]
     dumped = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]

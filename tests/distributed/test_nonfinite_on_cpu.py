@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from shop_r1.algo.finite import NonFiniteError
 from shop_r1.learner.rank import LearnerRank
 from shop_r1.train import run_grpo
-from tests.distributed.test_grpo_on_cpu import _cfg, _register_by_value, prompts  # noqa: F401
+from tests.distributed.test_grpo_on_cpu import _cfg, _register_by_value, engines, prompts  # noqa: F401
 
 
 def nan_on_terminate(response, target, cfg, logprobs):
@@ -57,7 +57,7 @@ def _targets(prompts):  # noqa: F811
 
 @pytest.mark.timeout(900)
 def test_nan_reward_and_inf_logit_skip_their_updates_and_the_run_goes_on(ray_local_cluster, tiny_model_dir,
-                                                                          prompts, tmp_path):  # noqa: F811
+                                                                          prompts, engines, tmp_path):  # noqa: F811
     import sys
 
     import ray.cloudpickle
@@ -69,7 +69,7 @@ def test_nan_reward_and_inf_logit_skip_their_updates_and_the_run_goes_on(ray_loc
     cfg.rl.keep_checkpoints, cfg.rl.max_nonfinite_steps = 10, 10
     InfLogitLearner.inf_from = 2
     result = run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "run" / "rl", local=False, pad_id=pad,
-                      score_fn=nan_on_terminate, learner_cls=InfLogitLearner)
+                      score_fn=nan_on_terminate, learner_cls=InfLogitLearner, engines=engines)
     assert result.num_steps == 5
     logged = [json.loads(x) for x in (tmp_path / "run" / "metrics_grpo.jsonl").read_text().splitlines()]
     batches = [json.loads(x) for x in (tmp_path / "run" / "rl" / "batches.jsonl").read_text().splitlines()]
@@ -98,7 +98,7 @@ def test_nan_reward_and_inf_logit_skip_their_updates_and_the_run_goes_on(ray_loc
 
 @pytest.mark.timeout(900)
 def test_too_many_nonfinite_steps_in_a_row_stop_with_finite_checkpoints(ray_local_cluster, tiny_model_dir,
-                                                                         prompts, tmp_path):  # noqa: F811
+                                                                         prompts, engines, tmp_path):  # noqa: F811
     import sys
 
     import ray.cloudpickle
@@ -113,7 +113,7 @@ def test_too_many_nonfinite_steps_in_a_row_stop_with_finite_checkpoints(ray_loca
 
     with pytest.raises(NonFiniteError) as err:
         run_grpo(cfg, str(tiny_model_dir), prompts, tmp_path / "run" / "rl", local=False, pad_id=pad,
-                 score_fn=variety_reward, learner_cls=InfLogitLearner)
+                 score_fn=variety_reward, learner_cls=InfLogitLearner, engines=engines)
     assert "step 2: loss, step 3: loss" in str(err.value) and "rl.max_nonfinite_steps=2" in str(err.value)
     logged = [json.loads(x) for x in (tmp_path / "run" / "metrics_grpo.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3]  # the stopping step is logged before the error
