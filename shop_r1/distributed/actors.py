@@ -10,7 +10,9 @@ which `get` returns or raises, so errors surface at the same place as with Ray.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -126,6 +128,28 @@ def pinning_env(cores: tuple[int, ...]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(len(cores)), "OMP_WAIT_POLICY": "PASSIVE"} if cores else {}
 
 
+def thread_count(resources: Resources) -> int:
+    """The OpenMP / torch threads of an actor: one per core it is pinned to, else the whole CPUs it reserved (at least
+    one: a reward worker reserves 0 by default). What Ray itself sets only when OMP_NUM_THREADS is unset in a fresh
+    worker; explicit here, because a reused worker process, or a user's OMP_NUM_THREADS, would otherwise decide."""
+    return len(resources.cpu_cores) if resources.cpu_cores else max(1, math.floor(resources.num_cpus))
+
+
+def _with_threads(cls: type, threads: int) -> type:
+    """`cls`, whose instances first set torch's thread count to `threads` when torch is already imported in the
+    process (a reused worker); a fresh process reads OMP_NUM_THREADS when it imports torch."""
+
+    class Threaded(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            super().__init__(*args, **kwargs)
+
+    Threaded.__name__, Threaded.__qualname__ = cls.__name__, cls.__qualname__
+    return Threaded
+
+
 def _pinned(cls: type, cores: tuple[int, ...]) -> type:
     """`cls`, whose instances first pin their process to `cores` (before any thread pool starts)."""
 
@@ -152,11 +176,14 @@ def spawn(cls: type, *args: Any, local: bool, resources: Resources = Resources()
 
     if _ACTOR_LOG_DIR is not None:
         cls = _with_log_file(cls, _ACTOR_LOG_DIR)
+    threads = thread_count(resources)
+    cls = _with_threads(cls, threads)
     if resources.cpu_cores:
         cls = _pinned(cls, resources.cpu_cores)
 
     options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
-                               "runtime_env": {"env_vars": actor_env({**pinning_env(resources.cpu_cores),
+                               "runtime_env": {"env_vars": actor_env({"OMP_NUM_THREADS": str(threads),
+                                                                      **pinning_env(resources.cpu_cores),
                                                                       **resources.env})}}
     if resources.custom:
         options["resources"] = dict(resources.custom)

@@ -74,3 +74,28 @@ def test_a_core_the_node_lacks_is_an_error_naming_the_keys(ray_local_cluster):
             get(actor.facts.remote(), timeout_s=120, what="the pinned probe")
     finally:
         kill(actor)
+
+
+@pytest.mark.parametrize("num_cpus, threads", [(2, 2), (0.5, 1), (0, 1)])
+def test_an_unpinned_actor_runs_one_thread_per_whole_cpu_it_reserved(ray_local_cluster, num_cpus, threads):
+    actor = spawn(Probe, local=False, resources=Resources(num_cpus=num_cpus))
+    try:
+        facts = get(actor.facts.remote(), timeout_s=120, what="the probe")
+    finally:
+        kill(actor)
+    assert (facts["omp"], facts["torch_threads"]) == (str(threads), threads)
+
+
+def test_a_reused_process_with_torch_already_imported_gets_the_reserved_threads():
+    """A worker process that imported torch before (OMP_NUM_THREADS is read once, at import) is set explicitly."""
+    import torch
+
+    from shop_r1.distributed.actors import _with_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _with_threads(Probe, 1)()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
