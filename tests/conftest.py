@@ -16,6 +16,10 @@ HEAVY_FIXTURES = {"tiny_model_dir", "tiny_tokenizer", "ray_local_cluster"}
 
 
 def pytest_collection_modifyitems(config, items):
+    # The suite's longest tests first (marked `first`), the rest in the files' order: under `--dist worksteal` the
+    # first worker starts with them beside the other's light tests, instead of one of them starting last and running
+    # alone while the other worker idles (the pipeline-resume test was the last 3 minutes of a 2026-12-05 CI run).
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)  # stable: the files' order otherwise
     for item in items:
         parts = item.path.parts
         in_heavy_dir = "tests" in parts and parts[parts.index("tests") + 1] in HEAVY_DIRS

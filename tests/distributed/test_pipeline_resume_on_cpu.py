@@ -72,6 +72,7 @@ def _sft_model_bytes(run_dir: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.first
 @pytest.mark.timeout(2400)
 def test_pipeline_killed_during_sft_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
     killed = tmp_path / "killed"

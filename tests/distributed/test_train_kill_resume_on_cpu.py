@@ -106,6 +106,7 @@ def ray_tmps():
 
 
 @pytest.mark.slow
+@pytest.mark.first
 @pytest.mark.timeout(900)
 def test_train_killed_then_resumed_refuses_a_changed_group_size_and_finishes(tiny_model_dir, tmp_path, ray_tmps):
     first_tmp, resume_tmp = ray_tmps
